@@ -1,0 +1,170 @@
+"""The target-kind seam: what a store must answer for the pipeline to clean it.
+
+A kind answers two questions and nothing else:
+
+* :meth:`TargetKind.scan` -- which items have expired, streamed in pages;
+* :meth:`TargetKind.delete` -- delete this batch and say what became of each item.
+
+Everything else (fan-out, retries, dead letters, run state, reports, metrics,
+Flower names) is the pipeline's, and it never learns which kind it serves.
+Items are opaque strings to the pipeline: an S3 key, a primary key, a Redis key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, ClassVar, get_type_hints
+
+from digest_cleanup.errors import TargetsFileError
+from digest_cleanup.settings import Settings
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a scan.
+
+    ``scanned`` counts every item looked at (expired or not), ``expired`` holds
+    the expired ones in scan order, and ``cursor`` is where a later scan resumes:
+    ``scan(cutoff, start_after=cursor)`` continues right after this page.
+    """
+
+    scanned: int
+    expired: list[str]
+    cursor: str | None
+
+
+class Outcome(enum.StrEnum):
+    """What became of one item in a delete request."""
+
+    #: Gone now, whether this request removed it or it was already absent.
+    DELETED = "deleted"
+    #: Left alone on purpose: it is no longer expired (rewritten since the sweep).
+    SKIPPED = "skipped"
+    #: Failed, but a later attempt may succeed.
+    TRANSIENT = "transient"
+    #: Failed, and retrying cannot help.
+    PERMANENT = "permanent"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ItemResult:
+    """The outcome of one item; ``code`` and ``message`` explain failures."""
+
+    item: str
+    outcome: Outcome
+    code: str = ""
+    message: str = ""
+    #: Seconds the store asked us to wait (``Retry-After``), if it said.
+    retry_after: float | None = None
+
+
+class TargetKind(ABC):
+    """Base class of every target kind.
+
+    Subclasses set :attr:`name`, define an ``Options`` dataclass for their own
+    fields in the targets file, and implement :meth:`scan`, :meth:`delete`,
+    :meth:`out_of_scope` and :meth:`describe`.  One instance serves one target
+    in one process, so it may hold a client or a connection pool.
+    """
+
+    #: The ``kind = "..."`` name in the targets file.
+    name: ClassVar[str]
+    #: The kind's own fields in a ``[targets.NAME]`` table, as a frozen dataclass.
+    Options: ClassVar[type[Any]]
+
+    def __init__(self, target: str, options: Any, settings: Settings) -> None:
+        self.target = target
+        self.options = options
+        #: The process settings; ``settings.env`` holds secrets a kind's options may name.
+        self.settings = settings
+
+    @classmethod
+    def parse_options(cls, target: str, raw: Mapping[str, Any]) -> Any:
+        """Build :attr:`Options` from the target's table, refusing unknown or mistyped fields."""
+        return parse_dataclass(cls.Options, target, raw)
+
+    @abstractmethod
+    def scan(self, cutoff: datetime, start_after: str | None = None) -> Iterator[Page]:
+        """Stream the target's items in a stable order, page by page, marking expired ones."""
+
+    @abstractmethod
+    def delete(self, items: Sequence[str], cutoff: datetime) -> list[ItemResult]:
+        """Delete ``items`` (all in scope, at most the kind's batch limit); one result per item.
+
+        Must be idempotent: deleting an absent item is :attr:`Outcome.DELETED`.
+        An error that fails the whole request is reported on every item, not raised.
+        """
+
+    @abstractmethod
+    def out_of_scope(self, item: str) -> str | None:
+        """Why ``item`` is not this target's to delete, or ``None`` when it is."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """A short human location such as ``s3://bucket/prefix``."""
+
+    #: The most items one :meth:`delete` call accepts.
+    max_batch_size: ClassVar[int] = 1000
+
+    def remaining(self, cutoff: datetime) -> int:
+        """How many expired items are still present (for ``verify``)."""
+        return sum(len(page.expired) for page in self.scan(cutoff))
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most kinds hold nothing to close
+        """Release clients or connections."""
+
+
+def parse_dataclass(cls: type[Any], target: str, raw: Mapping[str, Any]) -> Any:
+    """Build dataclass ``cls`` from a TOML table, naming the target and field on any error."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise TargetsFileError(
+            f"targets.{target}: unknown field {', '.join(map(repr, unknown))}; "
+            f"allowed fields are {', '.join(sorted(fields))}"
+        )
+    hints = get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for name, field in fields.items():
+        if name not in raw:
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise TargetsFileError(f"targets.{target}: missing required field {name!r}")
+            continue
+        value = raw[name]
+        expected = hints[name]
+        if not _matches(value, expected):
+            raise TargetsFileError(
+                f"targets.{target}.{name}: expected {_type_name(expected)}, got {value!r}"
+            )
+        values[name] = value
+    return cls(**values)
+
+
+def _matches(value: Any, expected: Any) -> bool:
+    args = getattr(expected, "__args__", None)
+    if args and type(None) in args:
+        return value is None or any(_matches(value, a) for a in args if a is not type(None))
+    if args:  # a Literal or another union
+        if getattr(expected, "__origin__", None) is not None and str(expected).startswith(
+            "typing.Literal"
+        ):
+            return value in args
+        return any(_matches(value, a) for a in args)
+    if expected is bool:
+        return isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _type_name(expected: Any) -> str:
+    args = getattr(expected, "__args__", None)
+    if args and str(expected).startswith("typing.Literal"):
+        return "one of " + ", ".join(repr(a) for a in args)
+    return getattr(expected, "__name__", str(expected))

@@ -1,0 +1,184 @@
+"""Settings: the one place that reads the environment.
+
+Everything else receives a :class:`Settings`.  A bad value fails at start-up with
+a :class:`~digest_cleanup.errors.SettingsError` that names the variable and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from digest_cleanup.errors import SettingsError
+
+#: Where the broker (and the run state) lives when ``CLEANUP_BROKER_URL`` is unset.
+DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+#: The targets file read when ``CLEANUP_TARGETS_FILE`` is unset.
+DEFAULT_TARGETS_FILE = "targets.toml"
+#: Seconds a delivered, unacknowledged message may stay with a worker before Redis
+#: hands it to another.  It bounds how long a killed worker's batch waits, and it
+#: must exceed the longest batch and the longest retry countdown (see ``retry_cap``).
+DEFAULT_VISIBILITY_TIMEOUT = 300
+#: How many times one batch is retried for transient failures before dead-lettering.
+DEFAULT_MAX_RETRIES = 6
+#: The first retry waits up to this many seconds; each later one doubles the ceiling.
+DEFAULT_RETRY_BASE = 1.0
+#: No retry waits longer than this (before the visibility-timeout clamp).
+DEFAULT_RETRY_CAP = 60.0
+#: Deliveries of one batch attempt before it is dead-lettered as ``worker_lost``.
+DEFAULT_MAX_DELIVERIES = 3
+#: The queue nothing consumes, where batches that still fail wait for an operator.
+DEFAULT_DEAD_LETTER_QUEUE = "dead_letter"
+#: Keys in the run store start with this, so one Redis can hold other data too.
+DEFAULT_KEY_PREFIX = "dc"
+
+#: Share of the visibility timeout a retry countdown may use at most.  Celery
+#: holds an ETA message unacknowledged in the worker's memory; if the countdown
+#: outlives the visibility timeout, Redis restores a copy and the batch runs twice.
+RETRY_CAP_SHARE_OF_VISIBILITY = 0.5
+
+LogFormat = Literal["text", "json"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Typed settings, normally built by :meth:`from_env`."""
+
+    broker_url: str = DEFAULT_BROKER_URL
+    targets_file: Path = Path(DEFAULT_TARGETS_FILE)
+    s3_endpoint_url: str | None = None
+    visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
+    max_retries: int = DEFAULT_MAX_RETRIES
+    retry_base: float = DEFAULT_RETRY_BASE
+    retry_cap: float = DEFAULT_RETRY_CAP
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    dead_letter_queue: str = DEFAULT_DEAD_LETTER_QUEUE
+    key_prefix: str = DEFAULT_KEY_PREFIX
+    #: ``s3://bucket/prefix`` where run reports go; ``None`` keeps them in Redis only.
+    audit_url: str | None = None
+    log_format: LogFormat = "text"
+    #: Which ``/``-separated segment of an item holds a customer identifier (hashed in logs).
+    log_hash_segment: int | None = None
+    aws_access_key_id: str | None = dataclasses.field(default=None, repr=False)
+    aws_secret_access_key: str | None = dataclasses.field(default=None, repr=False)
+    aws_session_token: str | None = dataclasses.field(default=None, repr=False)
+    aws_region: str | None = None
+    aws_profile: str | None = None
+    #: Environment values that target kinds may name (DSNs and other secrets).
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def effective_retry_cap(self) -> float:
+        """The retry ceiling after the visibility-timeout clamp (see the module constant)."""
+        return min(self.retry_cap, self.visibility_timeout * RETRY_CAP_SHARE_OF_VISIBILITY)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read and validate every ``CLEANUP_*`` and ``AWS_*`` variable."""
+        env = dict(os.environ if environ is None else environ)
+        broker_url = env.get("CLEANUP_BROKER_URL", DEFAULT_BROKER_URL)
+        _check_broker_url(broker_url)
+        endpoint = env.get("CLEANUP_S3_ENDPOINT_URL") or None
+        if endpoint is not None and urlsplit(endpoint).scheme not in ("http", "https"):
+            raise SettingsError(
+                "CLEANUP_S3_ENDPOINT_URL",
+                f"{endpoint!r} is not an http(s) URL",
+                "set it like http://127.0.0.1:8333, or unset it to use AWS S3",
+            )
+        audit_url = env.get("CLEANUP_AUDIT_URL") or None
+        if audit_url is not None and not audit_url.startswith("s3://"):
+            raise SettingsError(
+                "CLEANUP_AUDIT_URL",
+                f"{audit_url!r} is not an s3:// URL",
+                "set it like s3://audit-bucket/reports/, or unset it",
+            )
+        log_format = env.get("CLEANUP_LOG_FORMAT", "text")
+        if log_format not in ("text", "json"):
+            raise SettingsError("CLEANUP_LOG_FORMAT", f"{log_format!r} is unknown", "use text or json")
+        settings = cls(
+            broker_url=broker_url,
+            targets_file=Path(env.get("CLEANUP_TARGETS_FILE", DEFAULT_TARGETS_FILE)),
+            s3_endpoint_url=endpoint,
+            visibility_timeout=_int(env, "CLEANUP_VISIBILITY_TIMEOUT", DEFAULT_VISIBILITY_TIMEOUT, 2),
+            max_retries=_int(env, "CLEANUP_MAX_RETRIES", DEFAULT_MAX_RETRIES, 0),
+            retry_base=_float(env, "CLEANUP_RETRY_BASE", DEFAULT_RETRY_BASE),
+            retry_cap=_float(env, "CLEANUP_RETRY_CAP", DEFAULT_RETRY_CAP),
+            max_deliveries=_int(env, "CLEANUP_MAX_DELIVERIES", DEFAULT_MAX_DELIVERIES, 1),
+            dead_letter_queue=env.get("CLEANUP_DEAD_LETTER_QUEUE", DEFAULT_DEAD_LETTER_QUEUE),
+            key_prefix=env.get("CLEANUP_KEY_PREFIX", DEFAULT_KEY_PREFIX),
+            audit_url=audit_url,
+            log_format=log_format,  # type: ignore[arg-type]  # checked just above
+            log_hash_segment=_optional_int(env, "CLEANUP_LOG_HASH_SEGMENT"),
+            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
+            aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+            aws_session_token=env.get("AWS_SESSION_TOKEN") or None,
+            aws_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+            aws_profile=env.get("AWS_PROFILE") or None,
+            env=env,
+        )
+        if settings.retry_base > settings.retry_cap:
+            raise SettingsError(
+                "CLEANUP_RETRY_BASE",
+                f"{settings.retry_base} is larger than CLEANUP_RETRY_CAP={settings.retry_cap}",
+                "make the base smaller than the cap",
+            )
+        return settings
+
+    def secrets(self) -> list[str]:
+        """Values that must never appear in logs, CLI output or dead-letter entries."""
+        found = [self.aws_secret_access_key, self.aws_session_token, self.aws_access_key_id]
+        password = urlsplit(self.broker_url).password
+        found.append(password)
+        return [s for s in found if s]
+
+
+def _check_broker_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise SettingsError(
+            "CLEANUP_BROKER_URL",
+            f"scheme {parts.scheme or '(none)'!r} is not supported",
+            "use redis://[:password@]host:port/db or rediss:// for TLS",
+        )
+    try:
+        parts.port  # noqa: B018 - urlsplit validates the port lazily
+    except ValueError as exc:
+        raise SettingsError("CLEANUP_BROKER_URL", f"bad port ({exc})", "fix the port number") from exc
+    if not parts.hostname:
+        raise SettingsError("CLEANUP_BROKER_URL", "has no host", "use redis://host:port/db")
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(name, f"{raw!r} is not a whole number", f"set a number >= {minimum}") from None
+    if value < minimum:
+        raise SettingsError(name, f"{value} is below the minimum {minimum}", f"set a number >= {minimum}")
+    return value
+
+
+def _optional_int(env: Mapping[str, str], name: str) -> int | None:
+    if not env.get(name):
+        return None
+    return _int(env, name, 0, 0)
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(name, f"{raw!r} is not a number", "set a number of seconds") from None
+    if value <= 0:
+        raise SettingsError(name, f"{value} is not positive", "set a number of seconds above 0")
+    return value

@@ -1,0 +1,235 @@
+"""The targets file: what to clean, where, how old, and when.
+
+Each ``[targets.NAME]`` table holds the common fields below plus the fields of
+its kind (``kind = "s3"`` by default).  Everything is validated on load, and an
+error names the target, the field and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from celery.schedules import crontab
+
+from digest_cleanup.errors import TargetsFileError
+from digest_cleanup.kinds import TargetKind, load_kind
+from digest_cleanup.settings import Settings
+
+#: Keys in one DeleteObjects-sized batch unless the target says otherwise.
+DEFAULT_BATCH_SIZE = 500
+#: A run that finds more expired items than this deletes nothing and fails
+#: (``max_delete_exceeded``) unless forced.  About twice a weekly run of the
+#: 120k-customer digest: large enough for a normal week, small enough to stop
+#: ``retention_days = 0`` from wiping a bucket that holds a month of artifacts.
+DEFAULT_MAX_DELETE = 250_000
+#: How long after a missed slot beat still catches up on start (a weekly schedule).
+CATCH_UP_WINDOW = timedelta(days=7)
+
+COMMON_FIELDS = frozenset(
+    {"kind", "retention_days", "schedule", "batch_size", "max_delete", "description"}
+)
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One validated cleanup target."""
+
+    name: str
+    kind: str
+    retention_days: int
+    schedule: str
+    batch_size: int
+    max_delete: int
+    description: str
+    options: Any
+    kind_class: type[TargetKind] = dataclasses.field(repr=False, compare=False)
+    #: SHA-256 of the target's table as written, so a report shows which config ran.
+    config_digest: str = ""
+
+    def cutoff_for(self, now: datetime) -> datetime:
+        """Items last modified before this instant have expired."""
+        return (now - timedelta(days=self.retention_days)).astimezone(UTC).replace(microsecond=0)
+
+    def crontab(self) -> crontab:
+        """The schedule as a Celery crontab (UTC)."""
+        return _parse_crontab(self.name, self.schedule)
+
+    def last_slot(self, now: datetime) -> datetime:
+        """The latest scheduled instant at or before ``now`` (minute precision, UTC).
+
+        Beat triggers and catch-ups both key their run on this slot, so two beats,
+        or a beat restarted after downtime, agree on one run per slot.
+        """
+        sched = self.crontab()
+        t = now.astimezone(UTC).replace(second=0, microsecond=0)
+        for _ in range(int(CATCH_UP_WINDOW.total_seconds() // 60) * 5):
+            if (
+                t.minute in sched.minute
+                and t.hour in sched.hour
+                and t.day in sched.day_of_month
+                and t.month in sched.month_of_year
+                and t.isoweekday() % 7 in sched.day_of_week
+            ):
+                return t
+            t -= timedelta(minutes=1)
+        raise TargetsFileError(f"targets.{self.name}.schedule: no slot in the last 35 days")
+
+    def make_kind(self, settings: Settings) -> TargetKind:
+        """A kind instance for this target."""
+        return self.kind_class(self.name, self.options, settings)
+
+
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """All targets from one file, by name."""
+
+    path: Path
+    by_name: Mapping[str, Target]
+
+    def __iter__(self) -> Iterator[Target]:
+        return iter(self.by_name.values())
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def get(self, name: str) -> Target:
+        try:
+            return self.by_name[name]
+        except KeyError:
+            known = ", ".join(sorted(self.by_name)) or "(none)"
+            raise TargetsFileError(
+                f"unknown target {name!r}; {self.path} defines: {known}"
+            ) from None
+
+
+def load_targets(path: Path) -> Targets:
+    """Read and validate a targets file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TargetsFileError(
+            f"CLEANUP_TARGETS_FILE: {path} does not exist; point CLEANUP_TARGETS_FILE at your "
+            "targets file (examples/targets.toml shows the format)"
+        ) from None
+    except OSError as exc:
+        raise TargetsFileError(f"CLEANUP_TARGETS_FILE: cannot read {path}: {exc}") from exc
+    return parse_targets(text, path)
+
+
+def parse_targets(text: str, path: Path = Path("<string>")) -> Targets:
+    """Validate the TOML text of a targets file."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TargetsFileError(f"{path}: not valid TOML: {exc}") from exc
+    extra = sorted(set(doc) - {"targets"})
+    if extra:
+        raise TargetsFileError(
+            f"{path}: unknown top-level key {', '.join(map(repr, extra))}; "
+            "define targets as [targets.NAME] tables"
+        )
+    tables = doc.get("targets")
+    if not isinstance(tables, dict) or not tables:
+        raise TargetsFileError(f"{path}: no targets; add a [targets.NAME] table")
+    by_name: dict[str, Target] = {}
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise TargetsFileError(f"targets.{name}: must be a table, got {table!r}")
+        by_name[name] = parse_target(name, table)
+    return Targets(path=path, by_name=by_name)
+
+
+def parse_target(name: str, table: Mapping[str, Any]) -> Target:
+    """Validate one ``[targets.NAME]`` table."""
+    if not _NAME.match(name):
+        raise TargetsFileError(
+            f"targets.{name}: a target name is 1-63 lowercase letters, digits, '-' or '_'"
+        )
+    kind_name = table.get("kind", "s3")
+    if not isinstance(kind_name, str):
+        raise TargetsFileError(f"targets.{name}.kind: expected a string, got {kind_name!r}")
+    kind_class = load_kind(kind_name, target=name)
+
+    retention = _require(name, table, "retention_days", int)
+    if retention < 0:
+        raise TargetsFileError(
+            f"targets.{name}.retention_days: {retention} is negative; use the number of days "
+            "an item must be kept (0 or more)"
+        )
+    schedule = _require(name, table, "schedule", str)
+    _parse_crontab(name, schedule)
+    batch_size = _optional(name, table, "batch_size", int, DEFAULT_BATCH_SIZE)
+    if not 1 <= batch_size <= kind_class.max_batch_size:
+        raise TargetsFileError(
+            f"targets.{name}.batch_size: {batch_size} is outside 1..{kind_class.max_batch_size} "
+            f"(the most one {kind_name} delete request takes)"
+        )
+    max_delete = _optional(name, table, "max_delete", int, DEFAULT_MAX_DELETE)
+    if max_delete < 1:
+        raise TargetsFileError(
+            f"targets.{name}.max_delete: {max_delete} must be at least 1; it caps how many "
+            "items one run may delete"
+        )
+    description = _optional(name, table, "description", str, "")
+    own = {k: v for k, v in table.items() if k not in COMMON_FIELDS}
+    options = kind_class.parse_options(name, own)
+    digest = hashlib.sha256(
+        json.dumps({"name": name, **table}, sort_keys=True, default=str).encode()
+    ).hexdigest()
+    return Target(
+        name=name,
+        kind=kind_name,
+        retention_days=retention,
+        schedule=schedule,
+        batch_size=batch_size,
+        max_delete=max_delete,
+        description=description,
+        options=options,
+        kind_class=kind_class,
+        config_digest=digest,
+    )
+
+
+def _parse_crontab(name: str, schedule: str) -> crontab:
+    fields = schedule.split()
+    if len(fields) != 5:
+        raise TargetsFileError(
+            f"targets.{name}.schedule: {schedule!r} has {len(fields)} fields; use a 5-field "
+            "crontab in UTC: minute hour day-of-month month day-of-week, e.g. '0 3 * * 0'"
+        )
+    minute, hour, dom, month, dow = fields
+    try:
+        return crontab(
+            minute=minute, hour=hour, day_of_month=dom, month_of_year=month, day_of_week=dow
+        )
+    except (ValueError, TypeError) as exc:
+        raise TargetsFileError(f"targets.{name}.schedule: {schedule!r} is not valid: {exc}") from exc
+
+
+def _require(name: str, table: Mapping[str, Any], field: str, typ: type[Any]) -> Any:
+    if field not in table:
+        raise TargetsFileError(f"targets.{name}: missing required field {field!r}")
+    return _optional(name, table, field, typ, None)
+
+
+def _optional(name: str, table: Mapping[str, Any], field: str, typ: type[Any], default: Any) -> Any:
+    value = table.get(field, default)
+    if field in table and (not isinstance(value, typ) or isinstance(value, bool) and typ is int):
+        raise TargetsFileError(
+            f"targets.{name}.{field}: expected {typ.__name__}, got {value!r}"
+        )
+    return value
+
+
+def utcnow() -> datetime:
+    """The current time in UTC, second precision (one place, so tests can reason about it)."""
+    return datetime.now(UTC).replace(microsecond=0)
