@@ -12,6 +12,7 @@
     └── ItemError                   one item could not be deleted
         ├── TransientError          retry later: throttling, 5xx, timeouts
         └── PermanentError          never retried: access denied, locked, out of scope
+            └── PoisonMessage       a message that can never succeed; dead-lettered at once
 
 Retry policy keys off :class:`TransientError` versus :class:`PermanentError`,
 never off message text.  Kinds map their own low-level errors into these with
@@ -70,3 +71,7 @@ class TransientError(ItemError):
 
 class PermanentError(ItemError):
     """Retrying cannot help: access denied, object lock, out of scope."""
+
+
+class PoisonMessage(PermanentError):
+    """A message that can never succeed; it is dead-lettered at once, never retried."""

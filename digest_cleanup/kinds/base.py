@@ -29,7 +29,9 @@ class Page:
 
     ``scanned`` counts every item looked at (expired or not), ``expired`` holds
     the expired ones in scan order, and ``cursor`` is where a later scan resumes:
-    ``scan(cutoff, start_after=cursor)`` continues right after this page.
+    ``scan(cutoff, start_after=cursor)`` continues right after this page.  A page
+    that ends inside a group the kind cannot split yet has ``cursor=None``, which
+    keeps the previous resume position.
     """
 
     scanned: int
@@ -113,6 +115,10 @@ class TargetKind(ABC):
     def remaining(self, cutoff: datetime) -> int:
         """How many expired items are still present (for ``verify``)."""
         return sum(len(page.expired) for page in self.scan(cutoff))
+
+    def verify_extra(self, cutoff: datetime) -> dict[str, int]:
+        """Extra counts ``verify`` reports, such as noncurrent versions; none by default."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook, most kinds hold nothing to close
         """Release clients or connections."""

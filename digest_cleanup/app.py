@@ -1,0 +1,114 @@
+"""The Celery app, configured for safe at-least-once deletes on Redis."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery, signals
+from kombu import Queue
+
+from digest_cleanup.dead_letter import DeadLetterQueue
+from digest_cleanup.runtime import Runtime
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import Targets
+
+#: Queue of sweep slices and beat triggers.
+SWEEP_QUEUE = "sweeps"
+#: Queue of batch deletes.
+BATCH_QUEUE = "batches"
+#: Seconds between kombu's scans for unacknowledged messages past their
+#: visibility timeout.  The default (10 s, and a scan on only every 10th tick)
+#: leaves a killed worker's batch waiting ~100 s longer than it must.
+UNACKED_RESTORE_INTERVAL = 5
+
+TASKS = ("digest_cleanup.tasks.sweep", "digest_cleanup.tasks.batch")
+
+
+def create_app(settings: Settings | None = None, targets: Targets | None = None) -> Celery:
+    """Build the app; ``celery -A digest_cleanup`` uses :func:`default_app`."""
+    settings = settings or Settings.from_env()
+    app = Celery("digest_cleanup", include=list(TASKS))
+    app.conf.update(
+        broker_url=settings.broker_url,
+        # JSON only: a pickle message is refused before anything deserializes it.
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        result_accept_content=["json"],
+        # Progress lives in the run store, so no result backend is needed.
+        task_ignore_result=True,
+        # Acknowledge after the work: a worker that dies mid-batch leaves the
+        # message to be delivered again (deletes are idempotent).
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        # One message per process at a time, so a slow batch does not hold others hostage.
+        worker_prefetch_multiplier=1,
+        # Flower needs events to show tasks.
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_queues=(Queue(SWEEP_QUEUE), Queue(BATCH_QUEUE)),
+        task_default_queue=BATCH_QUEUE,
+        task_routes={
+            "digest_cleanup.sweep": {"queue": SWEEP_QUEUE},
+            "digest_cleanup.trigger": {"queue": SWEEP_QUEUE},
+            "digest_cleanup.delete_batch": {"queue": BATCH_QUEUE},
+        },
+        broker_transport_options={
+            # The visibility timeout bounds how long a batch held by a dead
+            # worker waits.  Every retry countdown is clamped below half of it
+            # (Settings.effective_retry_cap): an ETA message held past the
+            # timeout is restored by Redis and would run twice.
+            "visibility_timeout": settings.visibility_timeout,
+            "unacked_restore_interval": min(UNACKED_RESTORE_INTERVAL, settings.visibility_timeout),
+            "unacked_restore_throttle": 1,
+        },
+        broker_connection_retry_on_startup=True,
+        # A task whose connection dropped cannot acknowledge; stop it rather
+        # than let it finish and have its message delivered again anyway.
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        timezone="UTC",
+        enable_utc=True,
+        beat_max_loop_interval=30,
+    )
+    runtime = Runtime(settings, targets)
+    app.digest_cleanup_runtime = runtime  # type: ignore[attr-defined]
+    return app
+
+
+def runtime_of(app: Any) -> Runtime:
+    """The :class:`Runtime` an app carries (built lazily for the default app)."""
+    runtime = getattr(app, "digest_cleanup_runtime", None)
+    if runtime is None:
+        runtime = Runtime(Settings.from_env())
+        app.digest_cleanup_runtime = runtime
+    return runtime  # type: ignore[no-any-return]
+
+
+def dead_letter_queue(runtime: Runtime) -> DeadLetterQueue:
+    return DeadLetterQueue(
+        runtime.redis,
+        queue=runtime.settings.dead_letter_queue,
+        work_queue=BATCH_QUEUE,
+        key_prefix=runtime.settings.key_prefix,
+    )
+
+
+@signals.worker_process_init.connect
+def _after_fork(**_: Any) -> None:
+    # Pool children inherit the parent's runtime; sockets must not cross a fork.
+    from celery import current_app
+
+    runtime = getattr(current_app, "digest_cleanup_runtime", None)
+    if runtime is not None:
+        runtime.after_fork()
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _setup_logging(logger: logging.Logger, **_: Any) -> None:
+    from celery import current_app
+
+    from digest_cleanup.logs import install
+
+    install(logger, runtime_of(current_app).settings)

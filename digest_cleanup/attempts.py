@@ -1,0 +1,224 @@
+"""One attempt at a batch: check it, delete it, decide, follow up, record.
+
+The order is what makes at-least-once delivery harmless:
+
+1. Refuse what can never work (malformed, unknown target or run, out of scope,
+   oversized) before touching the store: such a message is dead-lettered whole.
+2. Count the delivery; past ``max_deliveries`` the batch is ``worker_lost``.
+3. Delete (idempotent), then publish follow-ups (retry, dead letter), and only
+   then record the attempt.  A crash before recording redelivers the message,
+   which deletes again harmlessly and publishes follow-ups that are themselves
+   claimed once; a duplicate that arrives after recording counts nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from digest_cleanup.batches import (
+    BatchPayload,
+    BatchReport,
+    Publisher,
+    backoff,
+    decide,
+)
+from digest_cleanup.dead_letter import make_entry, make_poison_entry
+from digest_cleanup.errors import PoisonMessage, TargetsFileError
+from digest_cleanup.kinds import ItemResult, Outcome
+from digest_cleanup.logs import log_event
+from digest_cleanup.runs import BatchRecord
+from digest_cleanup.runtime import Runtime
+
+logger = logging.getLogger("digest_cleanup.batch")
+
+
+def process(runtime: Runtime, raw: Any, task_id: str, publisher: Publisher) -> BatchReport:
+    """Run one delivery of a batch message and return what it did."""
+    started = time.monotonic()
+    try:
+        payload = BatchPayload.from_message(raw)
+        kind = _check(runtime, payload)
+    except PoisonMessage as poison:
+        return _poison(runtime, raw, task_id, poison, publisher)
+
+    store = runtime.store
+    settings = runtime.settings
+    deliveries = store.count_delivery(payload.run_id, payload.claim)
+    if deliveries > settings.max_deliveries:
+        dead = {
+            i: ItemResult(i, Outcome.PERMANENT, "worker_lost", f"{deliveries - 1} deliveries died")
+            for i in payload.items
+        }
+        return _follow_up_and_record(
+            runtime, payload, publisher, decide(list(dead.values()), payload.attempt, 0),
+            started, reason="worker_lost", delete_seconds=0.0,
+        )
+
+    t0 = time.monotonic()
+    results = kind.delete(payload.items, payload.cutoff_datetime())
+    delete_seconds = time.monotonic() - t0
+    decided = decide(results, payload.attempt, settings.max_retries)
+    return _follow_up_and_record(
+        runtime, payload, publisher, decided, started, reason="", delete_seconds=delete_seconds
+    )
+
+
+def _check(runtime: Runtime, payload: BatchPayload) -> Any:
+    """Return the kind for a batch that may be deleted, or raise :class:`PoisonMessage`."""
+    try:
+        target = runtime.target(payload.target)
+    except TargetsFileError as exc:
+        raise PoisonMessage("unknown_target", str(exc)) from None
+    kind = runtime.kind(target.name)
+    if len(payload.items) > kind.max_batch_size:
+        raise PoisonMessage(
+            "too_many_keys",
+            f"{len(payload.items)} items; one {target.kind} delete takes at most {kind.max_batch_size}",
+        )
+    run = runtime.store.find(payload.run_id)
+    if run is None or run.fields.get("target") != payload.target:
+        raise PoisonMessage(
+            "unknown_run",
+            f"run {payload.run_id!r} is not in the run store (lost with a Redis restart, or "
+            "forged); nothing was deleted; run the target again to re-list from the store",
+        )
+    if run.fields.get("cutoff") != payload.cutoff:
+        raise PoisonMessage(
+            "cutoff_mismatch",
+            f"message cutoff {payload.cutoff} differs from the run's {run.fields.get('cutoff')}",
+        )
+    for item in payload.items:
+        reason = kind.out_of_scope(item)
+        if reason is not None:
+            raise PoisonMessage("out_of_scope", f"an item is {reason}; nothing in the batch was deleted")
+    return kind
+
+
+def _follow_up_and_record(
+    runtime: Runtime,
+    payload: BatchPayload,
+    publisher: Publisher,
+    decided: Any,
+    started: float,
+    *,
+    reason: str,
+    delete_seconds: float,
+) -> BatchReport:
+    settings = runtime.settings
+    report = BatchReport(
+        status="done",
+        batch_id=payload.batch_id,
+        run_id=payload.run_id,
+        target=payload.target,
+        deleted=decided.deleted,
+        skipped=decided.skipped,
+        delete_seconds=round(delete_seconds, 4),
+    )
+    now = _iso_now()
+    if decided.retry:
+        countdown = backoff(payload.attempt, settings, decided.retry_after)
+        failures = {i: [r.code, r.message[:500]] for i, r in decided.retry.items()}
+        publisher.retry(
+            dataclasses.replace(
+                payload,
+                items=list(decided.retry),
+                attempt=payload.attempt + 1,
+                failures=failures,
+                first_failure_at=payload.first_failure_at or now,
+                published_at=time.time(),
+            ),
+            countdown,
+        )
+        report.status, report.retrying, report.countdown = "retrying", len(decided.retry), round(countdown, 2)
+    if decided.dead:
+        if not reason:
+            transient = any(r.outcome is Outcome.TRANSIENT for r in decided.dead.values())
+            reason = "retries_exhausted" if transient else "permanent_error"
+        entry = make_entry(payload, decided.dead, reason)
+        entry_id = entry.dead_letter["entry_id"]
+        publisher.dead_letter(entry_id, entry.to_message(), entry.describe())
+        report.status = "dead_lettered" if not decided.retry else report.status
+        report.dead_lettered, report.entry_id, report.reason = len(decided.dead), entry_id, reason
+    latency = time.time() - payload.published_at if payload.published_at else None
+    report.recorded = runtime.store.record(
+        payload.run_id,
+        payload.target,
+        BatchRecord(
+            batch_id=payload.batch_id,
+            claim=payload.claim,
+            deleted=decided.deleted,
+            dead_lettered=len(decided.dead),
+            skipped=decided.skipped,
+            retries=1 if decided.retry else 0,
+            codes=decided.codes(),
+            terminal=not decided.retry,
+            first_generation=payload.generation == 0,
+            latency=latency,
+        ),
+    )
+    if report.recorded == "duplicate":
+        report.status = "duplicate"
+    log_event(
+        logger,
+        "batch",
+        runtime.settings,
+        **report.as_dict(),
+        seq=payload.seq,
+        attempt=payload.attempt,
+        generation=payload.generation,
+        duration=round(time.monotonic() - started, 4),
+    )
+    if report.recorded == "finished":
+        from digest_cleanup.reports import finish_run
+
+        finish_run(runtime, payload.run_id)
+    return report
+
+
+def _poison(
+    runtime: Runtime, raw: Any, task_id: str, poison: PoisonMessage, publisher: Publisher
+) -> BatchReport:
+    """Dead-letter a message that can never succeed; account it if it is a real batch of a run."""
+    kwargs = make_poison_entry(task_id, raw, poison.code, poison.message)
+    entry_id = kwargs["dead_letter"]["entry_id"]
+    label = f"poison {poison.code}"
+    publisher.dead_letter(entry_id, kwargs, label)
+    report = BatchReport(
+        status="poison",
+        run_id=kwargs["run_id"],
+        target=kwargs["target"],
+        batch_id=kwargs["dead_letter"]["batch_id"],
+        entry_id=entry_id,
+        reason=poison.code,
+        dead_lettered=kwargs["dead_letter"]["item_count"],
+    )
+    # A genuine batch turned poison (say the target's prefix changed mid-run) must
+    # still end, or its run would wait for it forever; a forged one counts nothing.
+    raw_map: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    if report.run_id and report.batch_id and runtime.store.is_pending(report.run_id, report.batch_id):
+        report.recorded = runtime.store.record(
+            report.run_id,
+            report.target,
+            BatchRecord(
+                batch_id=report.batch_id,
+                claim=f"{report.batch_id}/poison/{raw_map.get('generation', 0)}/{raw_map.get('attempt', 0)}",
+                dead_lettered=report.dead_lettered,
+                codes={poison.code: report.dead_lettered},
+                first_generation=raw_map.get("generation", 0) == 0,
+            ),
+        )
+        if report.recorded == "finished":
+            from digest_cleanup.reports import finish_run
+
+            finish_run(runtime, report.run_id)
+    log_event(logger, "batch", runtime.settings, level=logging.WARNING, **report.as_dict())
+    return report
+
+
+def _iso_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

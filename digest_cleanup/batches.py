@@ -1,0 +1,195 @@
+"""Batches: the message a sweep publishes, and what one attempt to delete it decides.
+
+A batch carries up to ``batch_size`` items, compressed by their common prefix
+(500 digest keys share most of their path, so this roughly halves a message).
+Its id is deterministic (``RUN-bNNNNN``), and every attempt is claimed as
+``batch / generation / attempt`` so a duplicate delivery counts nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from digest_cleanup.errors import PoisonMessage
+from digest_cleanup.kinds import ItemResult, Outcome
+from digest_cleanup.settings import Settings
+
+#: The most items a batch message may carry, whatever the target says: a larger
+#: message is poison (a forged or corrupted one), never split and deleted.
+MAX_MESSAGE_ITEMS = 1000
+#: The longest item accepted in a message (S3 keys are at most 1024 bytes).
+MAX_ITEM_LENGTH = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPayload:
+    """The JSON body of a batch task."""
+
+    run_id: str
+    target: str
+    batch_id: str
+    seq: int
+    cutoff: str
+    items: list[str]
+    attempt: int = 0
+    generation: int = 0
+    published_at: float = 0.0
+    #: Errors seen on earlier attempts, by item: ``[code, message]``.
+    failures: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    first_failure_at: str = ""
+    #: Present on a dead-letter entry: why it is there, and its id.
+    dead_letter: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def claim(self) -> str:
+        """The key that makes recording this attempt happen once."""
+        return f"{self.batch_id}/g{self.generation}/a{self.attempt}"
+
+    def cutoff_datetime(self) -> datetime:
+        return datetime.fromisoformat(self.cutoff)
+
+    def describe(self) -> str:
+        """A short, identifier-free label for Flower and logs."""
+        label = f"{self.target} {self.cutoff[:10]} batch {self.seq} ({len(self.items)} keys)"
+        if self.generation:
+            label += f" redrive {self.generation}"
+        if self.attempt:
+            label += f" attempt {self.attempt + 1}"
+        return label
+
+    def to_message(self) -> dict[str, Any]:
+        """Encode for the wire, folding the items' common prefix."""
+        data = dataclasses.asdict(self)
+        items = data.pop("items")
+        base = os.path.commonprefix(items) if len(items) > 1 else ""
+        data["base"] = base
+        data["rest"] = [i[len(base) :] for i in items]
+        return {k: v for k, v in data.items() if v not in ({}, "") or k in ("base",)}
+
+    @classmethod
+    def from_message(cls, raw: Mapping[str, Any]) -> BatchPayload:
+        """Decode and validate a message; a message that can never work is :class:`PoisonMessage`."""
+        if not isinstance(raw, Mapping):
+            raise PoisonMessage("malformed", f"body is {type(raw).__name__}, not an object")
+        try:
+            base, rest = raw["base"], raw["rest"]
+            if not isinstance(base, str) or not isinstance(rest, list):
+                raise TypeError("base must be a string and rest a list")
+            if len(rest) > MAX_MESSAGE_ITEMS:
+                raise PoisonMessage(
+                    "too_many_keys",
+                    f"{len(rest)} items; one delete request takes at most {MAX_MESSAGE_ITEMS}",
+                )
+            if not all(isinstance(r, str) for r in rest):
+                raise TypeError("every item must be a string")
+            items = [base + r for r in rest]
+            if any(len(i) > MAX_ITEM_LENGTH for i in items):
+                raise TypeError(f"an item is longer than {MAX_ITEM_LENGTH} characters")
+            fields = {f.name for f in dataclasses.fields(cls)} - {"items"}
+            unknown = set(raw) - fields - {"base", "rest"}
+            if unknown:
+                raise TypeError(f"unknown fields {sorted(unknown)}")
+            payload = cls(items=items, **{k: v for k, v in raw.items() if k in fields})
+            for name, typ in (("run_id", str), ("target", str), ("batch_id", str), ("cutoff", str)):
+                if not isinstance(getattr(payload, name), typ) or not getattr(payload, name):
+                    raise TypeError(f"{name} must be a non-empty string")
+            if not isinstance(payload.attempt, int) or not isinstance(payload.generation, int):
+                raise TypeError("attempt and generation must be whole numbers")
+            payload.cutoff_datetime()
+        except PoisonMessage:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PoisonMessage("malformed", f"not a batch message: {exc}") from exc
+        return payload
+
+
+@dataclasses.dataclass
+class AttemptResult:
+    """What one attempt decided, before anything is published or recorded."""
+
+    deleted: int = 0
+    skipped: int = 0
+    #: Items to try again, with the error they failed with.
+    retry: dict[str, ItemResult] = dataclasses.field(default_factory=dict)
+    #: Items to dead-letter, with the error they failed with.
+    dead: dict[str, ItemResult] = dataclasses.field(default_factory=dict)
+    #: The longest ``Retry-After`` any failing item asked for.
+    retry_after: float | None = None
+
+    def codes(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for result in (*self.retry.values(), *self.dead.values()):
+            counts[result.code] = counts.get(result.code, 0) + 1
+        return counts
+
+
+def decide(results: Sequence[ItemResult], attempt: int, max_retries: int) -> AttemptResult:
+    """Sort per-item results into done, retry and dead letter."""
+    out = AttemptResult()
+    for result in results:
+        if result.outcome is Outcome.DELETED:
+            out.deleted += 1
+        elif result.outcome is Outcome.SKIPPED:
+            out.skipped += 1
+        elif result.outcome is Outcome.TRANSIENT and attempt < max_retries:
+            out.retry[result.item] = result
+            if result.retry_after is not None:
+                out.retry_after = max(out.retry_after or 0.0, result.retry_after)
+        else:
+            out.dead[result.item] = result
+    return out
+
+
+def backoff(attempt: int, settings: Settings, retry_after: float | None = None) -> float:
+    """Seconds before retry ``attempt + 1``: exponential with full jitter.
+
+    ``Retry-After`` sets a floor when the store sent one.  The result never
+    exceeds :attr:`Settings.effective_retry_cap`, which keeps every countdown
+    well inside the visibility timeout (a longer one makes Redis redeliver).
+    """
+    ceiling = min(settings.effective_retry_cap, settings.retry_base * 2**attempt)
+    delay = random.uniform(0, ceiling)
+    if retry_after is not None:
+        delay = max(delay, retry_after)
+    return min(delay, settings.effective_retry_cap)
+
+
+def batch_id(run_id: str, seq: int) -> str:
+    return f"{run_id}-b{seq:05d}"
+
+
+class Publisher(Protocol):
+    """How a batch attempt sends its follow-ups; the Celery task implements it."""
+
+    def retry(self, payload: BatchPayload, countdown: float) -> None:
+        """Publish the next attempt for the items that failed transiently."""
+
+    def dead_letter(self, entry_id: str, kwargs: dict[str, Any], label: str) -> None:
+        """Publish a dead-letter entry."""
+
+
+@dataclasses.dataclass
+class BatchReport:
+    """The small JSON-able summary a batch task returns and logs."""
+
+    status: str
+    batch_id: str = ""
+    run_id: str = ""
+    target: str = ""
+    deleted: int = 0
+    skipped: int = 0
+    retrying: int = 0
+    dead_lettered: int = 0
+    entry_id: str = ""
+    reason: str = ""
+    countdown: float = 0.0
+    recorded: str = ""
+    delete_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v not in ("", 0, 0.0)}

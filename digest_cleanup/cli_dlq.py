@@ -1,0 +1,110 @@
+"""``digest-cleanup dlq``: answer "which ones did not get deleted, and why?", then act on it."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import TYPE_CHECKING, Any
+
+from digest_cleanup.dead_letter import DeadLetterQueue, Entry
+from digest_cleanup.errors import UsageError
+
+if TYPE_CHECKING:
+    from digest_cleanup.cli import Context
+
+#: Keys shown per entry in the human listing; ``dlq show`` and ``--json`` give all.
+KEYS_SHOWN = 5
+
+
+def _queue(ctx: Context) -> DeadLetterQueue:
+    from digest_cleanup.app import dead_letter_queue
+
+    ctx.ping()
+    return dead_letter_queue(ctx.runtime)
+
+
+def _select(args: argparse.Namespace, dlq: DeadLetterQueue) -> list[Entry]:
+    return dlq.select(
+        ids=getattr(args, "ids", ()) or (),
+        run=args.run,
+        target=args.target,
+        error=args.error,
+        everything=getattr(args, "all", False),
+    )
+
+
+def cmd_list(args: argparse.Namespace, ctx: Context) -> int:
+    from digest_cleanup.cli import _print_json
+
+    dlq = _queue(ctx)
+    entries = dlq.select(run=args.run, target=args.target, error=args.error, everything=True)
+    data = [e.as_dict() for e in entries]
+    if args.json:
+        _print_json({"depth": dlq.depth(), "entries": data})
+        return 0
+    if not data:
+        print("dead-letter queue is empty" if dlq.depth() == 0 else "no entry matches")
+        return 0
+    for e in data:
+        print(f"{e['id']}  run {e['run_id']}  {e['key_count']} keys  reason {e['reason']}  "
+              f"attempts {e['attempts']}  first {e['first_failure_at']}  last {e['last_failure_at']}")
+        for key in e["keys"][:KEYS_SHOWN]:
+            print(f"    {key['code']:<16} {key['key']}  {key['message']}")
+        if len(e["keys"]) > KEYS_SHOWN:
+            print(f"    ... {len(e['keys']) - KEYS_SHOWN} more (dlq show {e['id']})")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, ctx: Context) -> int:
+    from digest_cleanup.cli import _print_json
+
+    entry = _queue(ctx).get(args.id).as_dict()
+    if args.json:
+        _print_json(entry)
+        return 0
+    for key in ("id", "run_id", "target", "batch_id", "reason", "message", "key_count", "attempts",
+                "first_failure_at", "last_failure_at", "redrivable"):
+        print(f"{key:17} {entry[key]}")
+    for key in entry["keys"]:
+        print(f"  {key['code']:<16} {key['key']}  {key['message']}")
+    return 0
+
+
+def cmd_redrive(args: argparse.Namespace, ctx: Context) -> int:
+    from digest_cleanup.cli import _print_json
+
+    dlq = _queue(ctx)
+    entries = _select(args, dlq)
+    moved = [] if args.dry_run else dlq.redrive(entries)
+    result: dict[str, Any] = {
+        "dry_run": args.dry_run,
+        "selected": [e.id for e in entries],
+        "redriven": moved,
+        "keys": sum(len(e.items) for e in entries if e.id in moved or args.dry_run),
+    }
+    if args.json:
+        _print_json(result)
+    else:
+        verb = "would redrive" if args.dry_run else "redrove"
+        count = len(entries) if args.dry_run else len(moved)
+        print(f"{verb} {count} entries ({result['keys']} keys)")
+        for entry_id in result["selected"]:
+            print(f"  {entry_id}")
+    return 0
+
+
+def cmd_purge(args: argparse.Namespace, ctx: Context) -> int:
+    from digest_cleanup.cli import _print_json
+
+    if not args.yes:
+        raise UsageError("dlq purge drops entries for good; add --yes to confirm")
+    dlq = _queue(ctx)
+    entries = _select(args, dlq)
+    command = "digest-cleanup " + shlex.join(sys.argv[1:])
+    records = dlq.purge(entries, command)
+    if args.json:
+        _print_json({"purged": [r["entry"]["id"] for r in records], "audit_records": records})
+    else:
+        print(f"purged {len(records)} entries; audit records written to {dlq.key_prefix}:audit")
+    return 0

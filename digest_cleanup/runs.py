@@ -1,0 +1,363 @@
+"""Run state in Redis: one hash per run, updated only by atomic scripts.
+
+Delivery is at-least-once, so every write that counts is keyed by a *claim*
+(``batch id / generation / attempt``): the first delivery that records an
+attempt owns it, and any duplicate is told so and counts nothing.  A run ends
+when the sweep is done and no batch is in flight; the script that brings the
+in-flight count to zero decides the final status, so exactly one caller sees
+``finished``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import redis
+
+from digest_cleanup.errors import RunStateError
+
+#: Counters every run carries, all starting at 0.
+COUNTERS = (
+    "listed",
+    "expired",
+    "batches",
+    "batches_done",
+    "deleted",
+    "dead_lettered",
+    "skipped",
+    "retries",
+    "redriven",
+    "duplicates",
+    "inflight",
+)
+#: Plain fields that hold whole numbers.
+INT_FIELDS = frozenset({"batch_size", "max_delete", "expired_seen"})
+#: Statuses a run can be in; the last three are final until a redrive reopens it.
+Status = Literal["running", "complete", "complete_with_failures", "failed"]
+FINAL_STATUSES = frozenset({"complete", "complete_with_failures", "failed"})
+#: How long a finished run's state stays in Redis; the audit report is the durable record.
+RUN_TTL_SECONDS = 35 * 24 * 3600
+#: Upper bounds (seconds) of the enqueue-to-acknowledgement latency histogram.
+LATENCY_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+# Finish the run if the sweep is done and nothing is in flight.  Shared by the
+# scripts below; expects `run` and `now` to be set.
+_FINISH_LUA = """
+local function finish(run, now)
+  local h = redis.call('HMGET', run, 'status', 'sweep_done', 'inflight', 'expired',
+                       'deleted', 'dead_lettered', 'skipped')
+  if h[2] ~= '1' or tonumber(h[3]) ~= 0 or h[1] ~= 'running' then return 0 end
+  local expired, deleted = tonumber(h[4]), tonumber(h[5])
+  local dead, skipped = tonumber(h[6]), tonumber(h[7])
+  local status = 'complete'
+  if expired ~= deleted + dead + skipped then
+    status = 'failed'
+    redis.call('HSET', run, 'reason', 'accounting_mismatch',
+      'message', 'expired (' .. expired .. ') != deleted + dead_lettered + skipped (' ..
+      (deleted + dead + skipped) .. ')')
+  elseif dead > 0 then
+    status = 'complete_with_failures'
+  end
+  redis.call('HSET', run, 'status', status, 'ended_at', now)
+  return 1
+end
+"""
+
+_OPEN_LUA = """
+local run = KEYS[1]
+if redis.call('EXISTS', run) == 1 then return redis.call('HGET', run, 'status') end
+local fields = cjson.decode(ARGV[1])
+for k, v in pairs(fields) do redis.call('HSET', run, k, v) end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+redis.call('SET', KEYS[3], ARGV[3])
+return 'created'
+"""
+
+_CHECKPOINT_LUA = (
+    _FINISH_LUA
+    + """
+local run, cp = KEYS[1], KEYS[2]
+if redis.call('EXISTS', run) == 0 then return 'missing' end
+local c = cjson.decode(ARGV[1])
+redis.call('SET', cp, ARGV[1])
+redis.call('HSET', run, 'listed', c.listed, 'expired', c.expired, 'batches', c.seq,
+           'sweep_heartbeat', ARGV[2])
+local new = tonumber(ARGV[4])
+if new > 0 then
+  redis.call('HINCRBY', run, 'inflight', new)
+  for i = 5, #ARGV do redis.call('ZADD', KEYS[3], ARGV[3], ARGV[i]) end
+end
+if c.done then
+  redis.call('HSET', run, 'sweep_done', 1, 'swept_at', ARGV[2])
+  if finish(run, ARGV[2]) == 1 then return 'finished' end
+end
+return 'saved'
+"""
+)
+
+_RECORD_LUA = (
+    _FINISH_LUA
+    + """
+local run, claims, pending, codes, hist = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+if redis.call('EXISTS', run) == 0 then return 'missing' end
+if redis.call('SADD', claims, ARGV[1]) == 0 then return 'duplicate' end
+local r = cjson.decode(ARGV[2])
+redis.call('HINCRBY', run, 'deleted', r.deleted)
+redis.call('HINCRBY', run, 'dead_lettered', r.dead_lettered)
+redis.call('HINCRBY', run, 'skipped', r.skipped)
+redis.call('HINCRBY', run, 'retries', r.retries)
+redis.call('HSET', run, 'last_batch_at', ARGV[3])
+for code, n in pairs(r.codes) do redis.call('HINCRBY', codes, code, n) end
+if r.bucket ~= '' then
+  redis.call('HINCRBY', hist, r.bucket, 1)
+  redis.call('HINCRBY', hist, 'count', 1)
+  redis.call('HINCRBYFLOAT', hist, 'sum', r.latency)
+end
+if r.terminal then
+  redis.call('HINCRBY', run, 'inflight', -1)
+  if r.first_generation then redis.call('HINCRBY', run, 'batches_done', 1) end
+  redis.call('ZREM', pending, r.batch_id)
+  if finish(run, ARGV[3]) == 1 then return 'finished' end
+end
+return 'recorded'
+"""
+)
+
+_FAIL_LUA = """
+local run = KEYS[1]
+if redis.call('EXISTS', run) == 0 then return 0 end
+redis.call('HSET', run, 'status', 'failed', 'reason', ARGV[1], 'message', ARGV[2],
+           'ended_at', ARGV[3], 'sweep_done', 1)
+return 1
+"""
+
+_DELIVERY_LUA = """
+local n = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+if n > 1 and redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HINCRBY', KEYS[2], 'duplicates', 1)
+end
+return n
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """What one batch attempt did, as recorded against its run."""
+
+    batch_id: str
+    claim: str
+    deleted: int = 0
+    dead_lettered: int = 0
+    skipped: int = 0
+    #: 1 when this attempt published a retry for some of its items.
+    retries: int = 0
+    #: Failing items by error code, for the retries-by-code metric.
+    codes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: True when nothing of this batch is left in flight after this attempt.
+    terminal: bool = True
+    #: False for a redriven batch, which must not count as another batch done.
+    first_generation: bool = True
+    #: Seconds from publish to acknowledgement, for the latency histogram.
+    latency: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunView:
+    """A read-only snapshot of one run."""
+
+    run_id: str
+    fields: Mapping[str, str]
+
+    def __getitem__(self, name: str) -> str:
+        return self.fields[name]
+
+    @property
+    def status(self) -> str:
+        return self.fields.get("status", "unknown")
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    def count(self, name: str) -> int:
+        return int(self.fields.get(name, 0) or 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The run as JSON-able data: counters as ints, empty fields dropped."""
+        out: dict[str, Any] = {"run_id": self.run_id}
+        for key, value in sorted(self.fields.items()):
+            if key in COUNTERS or key in INT_FIELDS:
+                out[key] = int(value or 0)
+            elif key in ("dry_run", "sweep_done", "forced"):
+                out[key] = value == "1"
+            elif key == "sample":
+                out[key] = json.loads(value)
+            elif value != "":
+                out[key] = value
+        for key in COUNTERS:
+            out.setdefault(key, 0)
+        return out
+
+
+class RunStore:
+    """Reads and writes run state; every counting write is an atomic script."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "dc") -> None:
+        self.redis = client
+        self.prefix = prefix
+        self._open = client.register_script(_OPEN_LUA)
+        self._checkpoint = client.register_script(_CHECKPOINT_LUA)
+        self._record = client.register_script(_RECORD_LUA)
+        self._fail = client.register_script(_FAIL_LUA)
+        self._delivery = client.register_script(_DELIVERY_LUA)
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def run_key(self, run_id: str, suffix: str = "") -> str:
+        return self.key("run", run_id) + (f":{suffix}" if suffix else "")
+
+    def open(self, run_id: str, fields: Mapping[str, Any]) -> str:
+        """Create the run unless it exists; return ``created`` or the existing status."""
+        now = now_iso()
+        data = {c: 0 for c in COUNTERS} | {
+            "status": "running",
+            "created_at": now,
+            "sweep_done": 0,
+            **{k: _field(v) for k, v in fields.items()},
+        }
+        target = str(fields["target"])
+        result = self._open(
+            keys=[self.run_key(run_id), self.key("runs"), self.key("target", target, "latest")],
+            args=[json.dumps(data), time.time(), run_id],
+        )
+        return _text(result)
+
+    def get(self, run_id: str) -> RunView:
+        fields = self.redis.hgetall(self.run_key(run_id))
+        if not fields:
+            raise RunStateError(
+                f"no run {run_id!r} in the run store; list runs with 'digest-cleanup runs'"
+            )
+        return RunView(run_id, {_text(k): _text(v) for k, v in fields.items()})
+
+    def find(self, run_id: str) -> RunView | None:
+        try:
+            return self.get(run_id)
+        except RunStateError:
+            return None
+
+    def update(self, run_id: str, **fields: Any) -> None:
+        """Set plain fields (not counters) on an existing run."""
+        self.redis.hset(self.run_key(run_id), mapping={k: _field(v) for k, v in fields.items()})
+
+    def save_checkpoint(self, run_id: str, checkpoint: Mapping[str, Any], new_batches: list[str]) -> str:
+        """Store the sweep checkpoint and the sweep-owned counters in one step.
+
+        ``new_batches`` are batch ids entering flight for the first time; they are
+        counted in ``inflight`` exactly once, even when the sweep resumes and
+        publishes its outbox again.
+        """
+        result = self._checkpoint(
+            keys=[self.run_key(run_id), self.run_key(run_id, "checkpoint"), self.run_key(run_id, "pending")],
+            args=[json.dumps(checkpoint), now_iso(), time.time(), len(new_batches), *new_batches],
+        )
+        return _text(result)
+
+    def load_checkpoint(self, run_id: str) -> dict[str, Any] | None:
+        raw = self.redis.get(self.run_key(run_id, "checkpoint"))
+        return None if raw is None else dict(json.loads(raw))
+
+    def record(self, run_id: str, target: str, rec: BatchRecord) -> str:
+        """Count one batch attempt once: ``recorded``, ``finished``, ``duplicate`` or ``missing``."""
+        bucket = ""
+        if rec.latency is not None:
+            bucket = next((str(b) for b in LATENCY_BUCKETS if rec.latency <= b), "+Inf")
+        payload = {
+            "batch_id": rec.batch_id,
+            "deleted": rec.deleted,
+            "dead_lettered": rec.dead_lettered,
+            "skipped": rec.skipped,
+            "retries": rec.retries,
+            "codes": dict(rec.codes),
+            "terminal": rec.terminal,
+            "first_generation": rec.first_generation,
+            "bucket": bucket,
+            "latency": rec.latency or 0.0,
+        }
+        result = self._record(
+            keys=[
+                self.run_key(run_id),
+                self.run_key(run_id, "claims"),
+                self.run_key(run_id, "pending"),
+                self.run_key(run_id, "retry_codes"),
+                self.key("latency", target),
+            ],
+            args=[rec.claim, json.dumps(payload), now_iso()],
+        )
+        return _text(result)
+
+    def count_delivery(self, run_id: str, claim: str) -> int:
+        """Count one delivery of a batch attempt; more than one is a duplicate delivery."""
+        return int(self._delivery(keys=[self.run_key(run_id, "deliveries"), self.run_key(run_id)], args=[claim]))
+
+    def fail(self, run_id: str, reason: str, message: str) -> bool:
+        """End a run as ``failed`` with a short reason code and a sentence for humans."""
+        return bool(self._fail(keys=[self.run_key(run_id)], args=[reason, message, now_iso()]))
+
+    def retry_codes(self, run_id: str) -> dict[str, int]:
+        raw = self.redis.hgetall(self.run_key(run_id, "retry_codes"))
+        return {_text(k): int(v) for k, v in raw.items()}
+
+    def is_pending(self, run_id: str, batch_id: str) -> bool:
+        """True when the sweep published ``batch_id`` for this run and it has not ended."""
+        return self.redis.zscore(self.run_key(run_id, "pending"), batch_id) is not None
+
+    def pending(self, run_id: str) -> list[tuple[str, float]]:
+        """Batches in flight with the time they were published (oldest first)."""
+        raw = self.redis.zrange(self.run_key(run_id, "pending"), 0, -1, withscores=True)
+        return [(_text(m), float(s)) for m, s in raw]
+
+    def reset(self, run_id: str) -> None:
+        """Forget a run entirely, so the same run id can start over."""
+        self.redis.delete(
+            *(self.run_key(run_id, s) for s in ("", "checkpoint", "claims", "pending", "retry_codes", "deliveries"))
+        )
+
+    def expire(self, run_id: str) -> None:
+        """Let a finished run's state age out of Redis."""
+        pipe = self.redis.pipeline()
+        for suffix in ("", "checkpoint", "claims", "pending", "retry_codes", "deliveries"):
+            pipe.expire(self.run_key(run_id, suffix), RUN_TTL_SECONDS)
+        pipe.execute()
+
+    def latest(self, target: str) -> str | None:
+        raw = self.redis.get(self.key("target", target, "latest"))
+        return None if raw is None else _text(raw)
+
+    def run_ids(self, limit: int = 50) -> Iterator[str]:
+        """Most recent runs first."""
+        for raw in self.redis.zrevrange(self.key("runs"), 0, limit - 1):
+            yield _text(raw)
+
+
+def now_iso() -> str:
+    """Now in UTC as ISO 8601 with milliseconds and a Z."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _field(value: Any) -> str | int | float:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int | float | str):
+        return value
+    return json.dumps(value)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

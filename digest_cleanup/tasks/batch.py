@@ -1,0 +1,53 @@
+"""The batch task: one attempt at deleting one batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+from celery.exceptions import Reject, Retry
+
+from digest_cleanup.attempts import process
+from digest_cleanup.batches import BatchPayload
+from digest_cleanup.tasks.base import HIDDEN_KWARGS, CleanupTask, DeadLettered
+
+
+class _TaskPublisher:
+    """Publishes follow-ups through the task's app (see :class:`~digest_cleanup.batches.Publisher`)."""
+
+    def __init__(self, task: CleanupTask) -> None:
+        self.task = task
+
+    def retry(self, payload: BatchPayload, countdown: float) -> None:
+        # Same task id, so Flower shows one task going through its retries.
+        self.task.publish_batch(payload, countdown=countdown, task_id=self.task.request.id)
+
+    def dead_letter(self, entry_id: str, kwargs: dict[str, Any], label: str) -> None:
+        self.task.app.send_task(
+            "digest_cleanup.delete_batch",
+            kwargs=kwargs,
+            task_id=entry_id,
+            queue=self.task.runtime.settings.dead_letter_queue,
+            argsrepr=f"dead letter: {label}",
+            kwargsrepr=HIDDEN_KWARGS,
+        )
+
+
+@shared_task(bind=True, base=CleanupTask, name="digest_cleanup.delete_batch", max_retries=None)
+def delete_batch(self: CleanupTask, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Delete one batch; retries and dead letters are published by :func:`process`."""
+    raw: Any = kwargs if not args else {"positional": list(args)[:3], **kwargs}
+    try:
+        report = process(self.runtime, raw, self.request.id or "", _TaskPublisher(self))
+    except Exception as exc:
+        # Anything unexpected (a Redis blip, a bug in a kind) must not ack the
+        # message: put it back.  The delivery cap dead-letters it if it keeps failing.
+        raise Reject(f"{type(exc).__name__}: {exc}", requeue=True) from exc
+    summary = report.as_dict()
+    if report.entry_id and report.status in ("dead_lettered", "poison"):
+        raise DeadLettered(
+            f"dead-lettered as {report.entry_id}: {report.dead_lettered} keys, reason {report.reason}"
+        )
+    if report.status == "retrying":
+        raise Retry(f"{report.retrying} keys retry in {report.countdown}s", when=report.countdown)
+    return summary

@@ -1,0 +1,53 @@
+"""Sweep slices and beat triggers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from celery import shared_task
+
+from digest_cleanup.sweep import start, sweep_slice
+from digest_cleanup.targets import CATCH_UP_WINDOW, utcnow
+from digest_cleanup.tasks.base import CleanupTask
+
+#: How long a beat's claim on a slot is kept: past the catch-up window.
+SLOT_CLAIM_SECONDS = int(CATCH_UP_WINDOW.total_seconds()) + 86_400
+
+
+@shared_task(bind=True, base=CleanupTask, name="digest_cleanup.sweep")
+def sweep(self: CleanupTask, run_id: str) -> dict[str, Any]:
+    """Advance a run's sweep by one slice, and enqueue the next slice if needed."""
+    result = sweep_slice(self.runtime, run_id, self.publish_batch)
+    if result == "continue":
+        self.enqueue_sweep(run_id)
+    return {"run_id": run_id, "result": result}
+
+
+@shared_task(bind=True, base=CleanupTask, name="digest_cleanup.trigger")
+def trigger(self: CleanupTask, target: str, now: str | None = None, catch_up: bool = False) -> dict[str, Any]:
+    """Start the run for the target's latest scheduled slot, once per slot.
+
+    Beat sends this on the target's crontab, and once per target when beat
+    starts (``catch_up``).  Both key the run on the slot, and the slot is
+    claimed in Redis first, so two beats, or a beat restarted after downtime,
+    give exactly one run per slot, and a slot missed within the catch-up
+    window runs once when beat comes back.
+    """
+    runtime = self.runtime
+    tgt = runtime.target(target)
+    at = datetime.fromisoformat(now) if now else utcnow()
+    slot = tgt.last_slot(at)
+    if catch_up and at - slot > CATCH_UP_WINDOW:
+        return {"target": target, "slot": slot.isoformat(), "action": "too_old"}
+    claim = runtime.store.key("slot", target, slot.strftime("%Y%m%dT%H%MZ"))
+    if not runtime.redis.set(claim, self.request.id or "claimed", nx=True, ex=SLOT_CLAIM_SECONDS):
+        return {"target": target, "slot": slot.isoformat(), "action": "already_claimed"}
+    started = start(
+        runtime,
+        tgt,
+        tgt.cutoff_for(slot),
+        self.enqueue_sweep,
+        trigger="beat-catch-up" if catch_up else "beat",
+    )
+    return {"target": target, "slot": slot.isoformat(), "run_id": started.run_id, "action": started.action}
