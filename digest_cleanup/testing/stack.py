@@ -1,0 +1,217 @@
+"""A real local stack: worker, beat and CLI processes against given Redis and S3 servers.
+
+Used by the end-to-end tests, ``make demo``, the benchmarks and the
+reliability suite.  Every process starts in its own session, so it can be
+killed with its whole group, and leaves a log file in the stack's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+#: How long a worker may take to say it is ready.
+READY_TIMEOUT = 60.0
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, message: str, interval: float = 0.1) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail with ``message`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s: {message}")
+        time.sleep(interval)
+
+
+class Process:
+    """One Celery process started by the stack."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log: Path) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log = log
+        self._log_file = log.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=dict(env),
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, marker: str = "ready.", timeout: float = READY_TIMEOUT) -> Process:
+        def ready() -> bool:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}):\n{self.output()[-3000:]}")
+            return marker in self.output()
+
+        wait_for(ready, timeout, f"{self.name} to log {marker!r}")
+        return self
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: the worker and its pool children die at once."""
+        self.signal_group(signal.SIGKILL)
+        self.proc.wait(30)
+        self._log_file.close()
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM (Celery's warm shutdown) and wait for the process to exit."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        self.signal_group(signal.SIGKILL)  # stray pool children, if any
+        self._log_file.close()
+        return code
+
+    def stop(self) -> None:
+        if self.alive():
+            try:
+                self.terminate(30)
+            except subprocess.TimeoutExpired:
+                pass
+        else:
+            self.signal_group(signal.SIGKILL)
+
+
+class Stack:
+    """Starts digest-cleanup processes wired to one Redis and one S3 endpoint."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        redis_url: str,
+        s3_endpoint_url: str,
+        targets_toml: str,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.targets_file = self.workdir / "targets.toml"
+        self.targets_file.write_text(targets_toml)
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("CLEANUP_", "AWS_"))}
+        self.env: dict[str, str] = {
+            **base,
+            "CLEANUP_BROKER_URL": redis_url,
+            "CLEANUP_S3_ENDPOINT_URL": s3_endpoint_url,
+            "CLEANUP_TARGETS_FILE": str(self.targets_file),
+            "AWS_ACCESS_KEY_ID": "digest-cleanup-test",
+            "AWS_SECRET_ACCESS_KEY": "digest-cleanup-test-secret",
+            "AWS_REGION": "us-east-1",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        self.processes: list[Process] = []
+        self._count = 0
+
+    def _bin(self, name: str) -> str:
+        candidate = Path(sys.executable).parent / name
+        return str(candidate) if candidate.exists() else name
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Process:
+        self._count += 1
+        log = self.workdir / f"{name}-{self._count}.log"
+        proc = Process(name, argv, {**self.env, **(env or {})}, log)
+        self.processes.append(proc)
+        return proc
+
+    def worker(
+        self,
+        *,
+        concurrency: int = 2,
+        pool: str = "prefork",
+        queues: str | None = None,
+        env: Mapping[str, str] | None = None,
+        ready: bool = True,
+        extra: Sequence[str] = (),
+    ) -> Process:
+        """Start ``celery -A digest_cleanup worker`` and wait until it is ready."""
+        self._count += 1
+        argv = [
+            self._bin("celery"), "-A", "digest_cleanup", "worker", "--loglevel=INFO",
+            f"--concurrency={concurrency}", f"--pool={pool}", f"--hostname=w{self._count}@%h",
+            "--without-mingle", "--without-gossip", *extra,
+        ]
+        if queues:
+            argv.append(f"--queues={queues}")
+        proc = self.start("worker", argv, env)
+        return proc.wait_ready() if ready else proc
+
+    def beat(self, *, env: Mapping[str, str] | None = None, name: str = "beat") -> Process:
+        schedule = self.workdir / f"{name}-{self._count + 1}-schedule"
+        argv = [self._bin("celery"), "-A", "digest_cleanup", "beat", "--loglevel=INFO",
+                f"--schedule={schedule}"]
+        return self.start(name, argv, env)
+
+    def cli(self, *args: str, env: Mapping[str, str] | None = None, timeout: float = 300) -> CliResult:
+        """Run ``digest-cleanup ARGS`` to completion."""
+        proc = subprocess.run(
+            [self._bin("digest-cleanup"), *args],
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+        self.processes.clear()
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+class CliResult:
+    """Exit code and output of one CLI call."""
+
+    def __init__(self, code: int, stdout: str, stderr: str) -> None:
+        self.code = code
+        self.stdout = stdout
+        self.stderr = stderr
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.stdout)
+        except ValueError as exc:
+            raise AssertionError(
+                f"not JSON (exit {self.code}):\n{self.stdout}\nstderr:\n{self.stderr}"
+            ) from exc
+
+    def __repr__(self) -> str:
+        return f"CliResult(code={self.code}, stdout={self.stdout[-500:]!r}, stderr={self.stderr[-1500:]!r})"
