@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from celery import Celery, signals
-from kombu import Queue
+from kombu.entity import Queue
 
 from digest_cleanup.dead_letter import DeadLetterQueue
 from digest_cleanup.runtime import Runtime
@@ -47,7 +47,7 @@ def create_app(settings: Settings | None = None, targets: Targets | None = None)
         # Flower needs events to show tasks.
         worker_send_task_events=True,
         task_send_sent_event=True,
-        task_queues=(Queue(SWEEP_QUEUE), Queue(BATCH_QUEUE)),
+        task_queues=(Queue(SWEEP_QUEUE), Queue(BATCH_QUEUE)),  # type: ignore[no-untyped-call]
         task_default_queue=BATCH_QUEUE,
         task_routes={
             "digest_cleanup.sweep": {"queue": SWEEP_QUEUE},
@@ -72,7 +72,7 @@ def create_app(settings: Settings | None = None, targets: Targets | None = None)
         beat_max_loop_interval=30,
     )
     runtime = Runtime(settings, targets)
-    app.digest_cleanup_runtime = runtime  # type: ignore[attr-defined]
+    app.digest_cleanup_runtime = runtime
     return app
 
 
@@ -82,7 +82,7 @@ def runtime_of(app: Any) -> Runtime:
     if runtime is None:
         runtime = Runtime(Settings.from_env())
         app.digest_cleanup_runtime = runtime
-    return runtime  # type: ignore[no-any-return]
+    return runtime
 
 
 def dead_letter_queue(runtime: Runtime) -> DeadLetterQueue:

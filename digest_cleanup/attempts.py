@@ -55,8 +55,13 @@ def process(runtime: Runtime, raw: Any, task_id: str, publisher: Publisher) -> B
             for i in payload.items
         }
         return _follow_up_and_record(
-            runtime, payload, publisher, decide(list(dead.values()), payload.attempt, 0),
-            started, reason="worker_lost", delete_seconds=0.0,
+            runtime,
+            payload,
+            publisher,
+            decide(list(dead.values()), payload.attempt, 0),
+            started,
+            reason="worker_lost",
+            delete_seconds=0.0,
         )
 
     t0 = time.monotonic()
@@ -78,7 +83,8 @@ def _check(runtime: Runtime, payload: BatchPayload) -> Any:
     if len(payload.items) > kind.max_batch_size:
         raise PoisonMessage(
             "too_many_keys",
-            f"{len(payload.items)} items; one {target.kind} delete takes at most {kind.max_batch_size}",
+            f"{len(payload.items)} items; one {target.kind} delete takes at most "
+            f"{kind.max_batch_size}",
         )
     run = runtime.store.find(payload.run_id)
     if run is None or run.fields.get("target") != payload.target:
@@ -95,7 +101,9 @@ def _check(runtime: Runtime, payload: BatchPayload) -> Any:
     for item in payload.items:
         reason = kind.out_of_scope(item)
         if reason is not None:
-            raise PoisonMessage("out_of_scope", f"an item is {reason}; nothing in the batch was deleted")
+            raise PoisonMessage(
+                "out_of_scope", f"an item is {reason}; nothing in the batch was deleted"
+            )
     return kind
 
 
@@ -134,7 +142,11 @@ def _follow_up_and_record(
             ),
             countdown,
         )
-        report.status, report.retrying, report.countdown = "retrying", len(decided.retry), round(countdown, 2)
+        report.status, report.retrying, report.countdown = (
+            "retrying",
+            len(decided.retry),
+            round(countdown, 2),
+        )
     if decided.dead:
         if not reason:
             transient = any(r.outcome is Outcome.TRANSIENT for r in decided.dead.values())
@@ -200,13 +212,18 @@ def _poison(
     # A genuine batch turned poison (say the target's prefix changed mid-run) must
     # still end, or its run would wait for it forever; a forged one counts nothing.
     raw_map: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    if report.run_id and report.batch_id and runtime.store.is_pending(report.run_id, report.batch_id):
+    if (
+        report.run_id
+        and report.batch_id
+        and runtime.store.is_pending(report.run_id, report.batch_id)
+    ):
         report.recorded = runtime.store.record(
             report.run_id,
             report.target,
             BatchRecord(
                 batch_id=report.batch_id,
-                claim=f"{report.batch_id}/poison/{raw_map.get('generation', 0)}/{raw_map.get('attempt', 0)}",
+                claim=f"{report.batch_id}/poison/g{raw_map.get('generation', 0)}"
+                f"a{raw_map.get('attempt', 0)}",
                 dead_lettered=report.dead_lettered,
                 codes={poison.code: report.dead_lettered},
                 first_generation=raw_map.get("generation", 0) == 0,

@@ -9,10 +9,10 @@ Its id is deterministic (``RUN-bNNNNN``), and every attempt is claimed as
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from os.path import commonpath
 from typing import Any, Protocol
 
 from digest_cleanup.errors import PoisonMessage
@@ -66,14 +66,14 @@ class BatchPayload:
         """Encode for the wire, folding the items' common prefix."""
         data = dataclasses.asdict(self)
         items = data.pop("items")
-        base = os.path.commonprefix(items) if len(items) > 1 else ""
+        base = commonpath(list(items)) if len(items) > 1 else ""
         data["base"] = base
         data["rest"] = [i[len(base) :] for i in items]
         return {k: v for k, v in data.items() if v not in ({}, "") or k in ("base",)}
 
     @classmethod
     def from_message(cls, raw: Mapping[str, Any]) -> BatchPayload:
-        """Decode and validate a message; a message that can never work is :class:`PoisonMessage`."""
+        """Decode and validate a message; one that can never work raises :class:`PoisonMessage`."""
         if not isinstance(raw, Mapping):
             raise PoisonMessage("malformed", f"body is {type(raw).__name__}, not an object")
         try:

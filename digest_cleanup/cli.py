@@ -9,6 +9,7 @@ error, with one line on stderr; 3 the run ``failed`` (for example
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
@@ -79,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="digest-cleanup",
-        description="Delete expired weekly-digest artifacts with Celery workers, and account for every one.",
+        description="Delete expired weekly-digest artifacts with Celery workers, "
+        "and account for every one.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -97,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="count and sample, delete nothing")
     p.add_argument("--force", action="store_true", help="skip the max_delete guard for this run")
     p.add_argument("--wait", action="store_true", help="wait for the end, showing progress")
-    p.add_argument("--timeout", type=float, help="with --wait: give up waiting after this many seconds")
+    p.add_argument(
+        "--timeout", type=float, help="with --wait: give up waiting after this many seconds"
+    )
 
     p = add("status", cmd_status, "show one run")
     p.add_argument("run_id")
@@ -114,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     dlq = sub.add_parser("dlq", help="list, show, redrive and purge dead letters")
     dsub = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
 
-    def add_dlq(name: str, handler: Command, help_text: str, selectors: bool) -> argparse.ArgumentParser:
+    def add_dlq(
+        name: str, handler: Command, help_text: str, selectors: bool
+    ) -> argparse.ArgumentParser:
         p = dsub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--json", action="store_true", help="print JSON only")
         p.set_defaults(handler=handler, command=f"dlq {name}")
@@ -159,7 +165,10 @@ def cmd_targets(args: argparse.Namespace, ctx: Context) -> int:
     if args.json:
         _print_json({"targets": rows})
     else:
-        _table(rows, ["name", "kind", "location", "schedule", "retention_days", "batch_size", "max_delete"])
+        _table(
+            rows,
+            ["name", "kind", "location", "schedule", "retention_days", "batch_size", "max_delete"],
+        )
     return EXIT_OK
 
 
@@ -181,9 +190,11 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
         trigger="cli " + shlex.join(sys.argv[1:]) if sys.argv else "cli",
     )
     if not args.json:
-        verb = {"created": "started", "restarted": "restarted", "resumed": "resumed the sweep of"}.get(
-            started.action, "attached to"
-        )
+        verb = {
+            "created": "started",
+            "restarted": "restarted",
+            "resumed": "resumed the sweep of",
+        }.get(started.action, "attached to")
         print(f"{verb} run {started.run_id}", file=sys.stderr)
     run = ctx.runtime.store.get(started.run_id)
     if args.wait:
@@ -236,19 +247,20 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> int:
         **kind.verify_extra(cutoff),
         "checked_at": _now().isoformat(),
     }
-    try:  # metrics read the last verify; a verify without Redis still answers
+    # Metrics read the last verify; a verify without Redis still answers.
+    with contextlib.suppress(redis.RedisError):
         ctx.runtime.redis.hset(
             ctx.runtime.store.key("target", target.name, "verify"),
             mapping={k: str(v) for k, v in data.items()},
         )
-    except redis.RedisError:
-        pass
     if args.json:
         _print_json(data)
     else:
         state = "OK" if remaining == 0 else "EXPIRED ITEMS REMAIN"
-        print(f"{target.name} {kind.describe()} cutoff {cutoff.isoformat()}: "
-              f"{remaining} expired left - {state}")
+        print(
+            f"{target.name} {kind.describe()} cutoff {cutoff.isoformat()}: "
+            f"{remaining} expired left - {state}"
+        )
         for key, value in data.items():
             if key not in ("target", "location", "cutoff", "remaining_expired", "checked_at"):
                 print(f"  {key}: {value}")
@@ -260,7 +272,9 @@ def parse_cutoff(text: str) -> datetime:
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise UsageError(f"--cutoff: {text!r} is not ISO 8601; use e.g. 2026-11-22T03:00:00Z") from None
+        raise UsageError(
+            f"--cutoff: {text!r} is not ISO 8601; use e.g. 2026-11-22T03:00:00Z"
+        ) from None
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC).replace(microsecond=0)
@@ -271,9 +285,25 @@ def _show_run(data: dict[str, Any], as_json: bool) -> int:
         _print_json(data)
     else:
         print(f"run {data['run_id']}: {data.get('status')}")
-        for key in ("target", "location", "cutoff", "listed", "expired", "batches", "deleted",
-                    "dead_lettered", "skipped", "retries", "redriven", "duplicates", "created_at",
-                    "ended_at", "reason", "message", "report_url"):
+        for key in (
+            "target",
+            "location",
+            "cutoff",
+            "listed",
+            "expired",
+            "batches",
+            "deleted",
+            "dead_lettered",
+            "skipped",
+            "retries",
+            "redriven",
+            "duplicates",
+            "created_at",
+            "ended_at",
+            "reason",
+            "message",
+            "report_url",
+        ):
             if key in data and data[key] not in ("", None):
                 print(f"  {key:14} {data[key]}")
         if data.get("sample"):

@@ -47,8 +47,10 @@ def cmd_list(args: argparse.Namespace, ctx: Context) -> int:
         print("dead-letter queue is empty" if dlq.depth() == 0 else "no entry matches")
         return 0
     for e in data:
-        print(f"{e['id']}  run {e['run_id']}  {e['key_count']} keys  reason {e['reason']}  "
-              f"attempts {e['attempts']}  first {e['first_failure_at']}  last {e['last_failure_at']}")
+        print(
+            f"{e['id']}  run {e['run_id']}  {e['key_count']} keys  reason {e['reason']}  "
+            f"attempts {e['attempts']}  first {e['first_failure_at']}  last {e['last_failure_at']}"
+        )
         for key in e["keys"][:KEYS_SHOWN]:
             print(f"    {key['code']:<16} {key['key']}  {key['message']}")
         if len(e["keys"]) > KEYS_SHOWN:
@@ -63,8 +65,19 @@ def cmd_show(args: argparse.Namespace, ctx: Context) -> int:
     if args.json:
         _print_json(entry)
         return 0
-    for key in ("id", "run_id", "target", "batch_id", "reason", "message", "key_count", "attempts",
-                "first_failure_at", "last_failure_at", "redrivable"):
+    for key in (
+        "id",
+        "run_id",
+        "target",
+        "batch_id",
+        "reason",
+        "message",
+        "key_count",
+        "attempts",
+        "first_failure_at",
+        "last_failure_at",
+        "redrivable",
+    ):
         print(f"{key:17} {entry[key]}")
     for key in entry["keys"]:
         print(f"  {key['code']:<16} {key['key']}  {key['message']}")

@@ -122,8 +122,11 @@ class Entry:
             "message": info.get("message", ""),
             "key_count": int(info.get("item_count", len(self.items))),
             "keys": [
-                {"key": item, "code": errors.get(item, [info.get("reason", ""), ""])[0],
-                 "message": errors.get(item, ["", info.get("message", "")])[1]}
+                {
+                    "key": item,
+                    "code": errors.get(item, [info.get("reason", ""), ""])[0],
+                    "message": errors.get(item, ["", info.get("message", "")])[1],
+                }
                 for item in self.items
             ],
             "attempts": info.get("attempts", 0),
@@ -164,8 +167,8 @@ def make_entry(
 def make_poison_entry(task_id: str, raw: Any, reason: str, message: str) -> dict[str, Any]:
     """An entry for a message that never decoded as a batch; kept small and not redrivable."""
     raw_map: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    rest = raw_map.get("rest") if isinstance(raw_map.get("rest"), list) else []
-    base = raw_map.get("base") if isinstance(raw_map.get("base"), str) else ""
+    rest: list[Any] = raw_map["rest"] if isinstance(raw_map.get("rest"), list) else []
+    base: str = raw_map["base"] if isinstance(raw_map.get("base"), str) else ""
     items = [base + r for r in rest[:POISON_ITEMS_KEPT] if isinstance(r, str)]
     now = _iso_now()
     return {
@@ -220,7 +223,9 @@ class DeadLetterQueue:
             if entry is None:
                 continue
             if entry.id in seen:
-                seen[entry.id] = dataclasses.replace(seen[entry.id], copies=seen[entry.id].copies + 1)
+                seen[entry.id] = dataclasses.replace(
+                    seen[entry.id], copies=seen[entry.id].copies + 1
+                )
             else:
                 seen[entry.id] = entry
         return list(seen.values())
@@ -308,7 +313,7 @@ class DeadLetterQueue:
         return [json.loads(r) for r in raw]
 
 
-def _decode(raw: bytes) -> Entry | None:
+def _decode(raw: bytes | str) -> Entry | None:
     try:
         message = json.loads(raw)
         body = message["body"]
@@ -320,11 +325,13 @@ def _decode(raw: bytes) -> Entry | None:
         return None
     try:
         payload: BatchPayload | None = BatchPayload.from_message(kwargs)
-    except Exception:  # noqa: BLE001 - a poison entry is listed, just not redrivable
+    except Exception:
         payload = None
     if payload is not None and not payload.dead_letter:
         payload = None
-    return Entry(id=entry_id, payload=payload, raw_kwargs=kwargs if isinstance(kwargs, dict) else {})
+    return Entry(
+        id=entry_id, payload=payload, raw_kwargs=kwargs if isinstance(kwargs, dict) else {}
+    )
 
 
 def _iso_now() -> str:

@@ -21,7 +21,7 @@ HASH_DIGITS = 12
 
 
 def redact(item: str, settings: Settings) -> str:
-    """``statements/2026-11-22/cust-42.pdf`` -> ``statements/2026-11-22/h:1f2e...`` for segment 2."""
+    """Hash the customer segment: ``s/2026-11-22/cust-42.pdf`` -> ``s/2026-11-22/h:1f2e...``."""
     index = settings.log_hash_segment
     if index is None:
         return item
@@ -33,7 +33,12 @@ def redact(item: str, settings: Settings) -> str:
 
 
 def log_event(
-    logger: logging.Logger, event: str, settings: Settings, *, level: int = logging.INFO, **fields: Any
+    logger: logging.Logger,
+    event: str,
+    settings: Settings,
+    *,
+    level: int = logging.INFO,
+    **fields: Any,
 ) -> None:
     """Emit one structured line: ``event key=value ...`` in text, an object in JSON."""
     text = " ".join(f"{k}={_text(v)}" for k, v in fields.items())

@@ -102,7 +102,8 @@ def _rich_view(stream: TextIO) -> tuple[Callable[[RunView], None], Callable[[], 
         n = _numbers(run, rate)
         progress.update(
             task_id,
-            description=f"{run.fields.get('target', '')} {'listing' if n['sweeping'] else 'deleting'}"
+            description=f"{run.fields.get('target', '')} "
+            f"{'listing' if n['sweeping'] else 'deleting'}"
             f" ({n['listed']:,} listed)",
             total=None if n["sweeping"] and not n["batches"] else n["batches"],
             completed=n["batches_done"],

@@ -225,7 +225,7 @@ class RunStore:
     def open(self, run_id: str, fields: Mapping[str, Any]) -> str:
         """Create the run unless it exists; return ``created`` or the existing status."""
         now = now_iso()
-        data = {c: 0 for c in COUNTERS} | {
+        data = dict.fromkeys(COUNTERS, 0) | {
             "status": "running",
             "created_at": now,
             "sweep_done": 0,
@@ -256,7 +256,9 @@ class RunStore:
         """Set plain fields (not counters) on an existing run."""
         self.redis.hset(self.run_key(run_id), mapping={k: _field(v) for k, v in fields.items()})
 
-    def save_checkpoint(self, run_id: str, checkpoint: Mapping[str, Any], new_batches: list[str]) -> str:
+    def save_checkpoint(
+        self, run_id: str, checkpoint: Mapping[str, Any], new_batches: list[str]
+    ) -> str:
         """Store the sweep checkpoint and the sweep-owned counters in one step.
 
         ``new_batches`` are batch ids entering flight for the first time; they are
@@ -264,7 +266,11 @@ class RunStore:
         publishes its outbox again.
         """
         result = self._checkpoint(
-            keys=[self.run_key(run_id), self.run_key(run_id, "checkpoint"), self.run_key(run_id, "pending")],
+            keys=[
+                self.run_key(run_id),
+                self.run_key(run_id, "checkpoint"),
+                self.run_key(run_id, "pending"),
+            ],
             args=[json.dumps(checkpoint), now_iso(), time.time(), len(new_batches), *new_batches],
         )
         return _text(result)
@@ -274,7 +280,7 @@ class RunStore:
         return None if raw is None else dict(json.loads(raw))
 
     def record(self, run_id: str, target: str, rec: BatchRecord) -> str:
-        """Count one batch attempt once: ``recorded``, ``finished``, ``duplicate`` or ``missing``."""
+        """Count one batch attempt once; returns recorded, finished, duplicate or missing."""
         bucket = ""
         if rec.latency is not None:
             bucket = next((str(b) for b in LATENCY_BUCKETS if rec.latency <= b), "+Inf")
@@ -304,7 +310,11 @@ class RunStore:
 
     def count_delivery(self, run_id: str, claim: str) -> int:
         """Count one delivery of a batch attempt; more than one is a duplicate delivery."""
-        return int(self._delivery(keys=[self.run_key(run_id, "deliveries"), self.run_key(run_id)], args=[claim]))
+        return int(
+            self._delivery(
+                keys=[self.run_key(run_id, "deliveries"), self.run_key(run_id)], args=[claim]
+            )
+        )
 
     def fail(self, run_id: str, reason: str, message: str) -> bool:
         """End a run as ``failed`` with a short reason code and a sentence for humans."""
@@ -320,13 +330,18 @@ class RunStore:
 
     def pending(self, run_id: str) -> list[tuple[str, float]]:
         """Batches in flight with the time they were published (oldest first)."""
-        raw = self.redis.zrange(self.run_key(run_id, "pending"), 0, -1, withscores=True)
+        raw: list[tuple[bytes, float]] = self.redis.zrange(  # type: ignore[assignment]
+            self.run_key(run_id, "pending"), 0, -1, withscores=True
+        )
         return [(_text(m), float(s)) for m, s in raw]
 
     def reset(self, run_id: str) -> None:
         """Forget a run entirely, so the same run id can start over."""
         self.redis.delete(
-            *(self.run_key(run_id, s) for s in ("", "checkpoint", "claims", "pending", "retry_codes", "deliveries"))
+            *(
+                self.run_key(run_id, s)
+                for s in ("", "checkpoint", "claims", "pending", "retry_codes", "deliveries")
+            )
         )
 
     def expire(self, run_id: str) -> None:

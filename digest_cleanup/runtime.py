@@ -36,7 +36,10 @@ class Runtime:
     @cached_property
     def redis(self) -> redis.Redis:
         return redis.Redis.from_url(
-            self.settings.broker_url, socket_timeout=30, socket_connect_timeout=5, health_check_interval=30
+            self.settings.broker_url,
+            socket_timeout=30,
+            socket_connect_timeout=5,
+            health_check_interval=30,
         )
 
     @cached_property

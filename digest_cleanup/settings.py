@@ -98,12 +98,16 @@ class Settings:
             )
         log_format = env.get("CLEANUP_LOG_FORMAT", "text")
         if log_format not in ("text", "json"):
-            raise SettingsError("CLEANUP_LOG_FORMAT", f"{log_format!r} is unknown", "use text or json")
+            raise SettingsError(
+                "CLEANUP_LOG_FORMAT", f"{log_format!r} is unknown", "use text or json"
+            )
         settings = cls(
             broker_url=broker_url,
             targets_file=Path(env.get("CLEANUP_TARGETS_FILE", DEFAULT_TARGETS_FILE)),
             s3_endpoint_url=endpoint,
-            visibility_timeout=_int(env, "CLEANUP_VISIBILITY_TIMEOUT", DEFAULT_VISIBILITY_TIMEOUT, 2),
+            visibility_timeout=_int(
+                env, "CLEANUP_VISIBILITY_TIMEOUT", DEFAULT_VISIBILITY_TIMEOUT, 2
+            ),
             max_retries=_int(env, "CLEANUP_MAX_RETRIES", DEFAULT_MAX_RETRIES, 0),
             retry_base=_float(env, "CLEANUP_RETRY_BASE", DEFAULT_RETRY_BASE),
             retry_cap=_float(env, "CLEANUP_RETRY_CAP", DEFAULT_RETRY_CAP),
@@ -147,7 +151,9 @@ def _check_broker_url(url: str) -> None:
     try:
         parts.port  # noqa: B018 - urlsplit validates the port lazily
     except ValueError as exc:
-        raise SettingsError("CLEANUP_BROKER_URL", f"bad port ({exc})", "fix the port number") from exc
+        raise SettingsError(
+            "CLEANUP_BROKER_URL", f"bad port ({exc})", "fix the port number"
+        ) from exc
     if not parts.hostname:
         raise SettingsError("CLEANUP_BROKER_URL", "has no host", "use redis://host:port/db")
 
@@ -159,9 +165,13 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise SettingsError(name, f"{raw!r} is not a whole number", f"set a number >= {minimum}") from None
+        raise SettingsError(
+            name, f"{raw!r} is not a whole number", f"set a number >= {minimum}"
+        ) from None
     if value < minimum:
-        raise SettingsError(name, f"{value} is below the minimum {minimum}", f"set a number >= {minimum}")
+        raise SettingsError(
+            name, f"{value} is below the minimum {minimum}", f"set a number >= {minimum}"
+        )
     return value
 
 

@@ -132,22 +132,50 @@ def _guard(
             )
             store.update(run_id, listed=cp.guard_listed, expired_seen=cp.guard_expired)
             store.fail(run_id, "max_delete_exceeded", message)
-            log_event(logger, "run", runtime.settings, level=logging.WARNING, run_id=run_id,
-                      status="failed", reason="max_delete_exceeded", expired_seen=cp.guard_expired)
+            log_event(
+                logger,
+                "run",
+                runtime.settings,
+                level=logging.WARNING,
+                run_id=run_id,
+                status="failed",
+                reason="max_delete_exceeded",
+                expired_seen=cp.guard_expired,
+            )
             return False
         if time.monotonic() > deadline:
             store.save_checkpoint(run_id, dataclasses.asdict(cp), [])
             return False
     if dry_run:
         store.update(
-            run_id, listed=cp.guard_listed, expired=cp.guard_expired, sample=cp.sample,
-            sweep_done=1, status="complete", ended_at=now_iso(),
+            run_id,
+            listed=cp.guard_listed,
+            expired=cp.guard_expired,
+            sample=cp.sample,
+            sweep_done=1,
+            status="complete",
+            ended_at=now_iso(),
         )
-        log_event(logger, "run", runtime.settings, run_id=run_id, status="complete", dry_run=True,
-                  listed=cp.guard_listed, expired=cp.guard_expired)
+        log_event(
+            logger,
+            "run",
+            runtime.settings,
+            run_id=run_id,
+            status="complete",
+            dry_run=True,
+            listed=cp.guard_listed,
+            expired=cp.guard_expired,
+        )
         return True
-    log_event(logger, "guard", runtime.settings, run_id=run_id, expired=cp.guard_expired,
-              max_delete=target.max_delete, forced=forced)
+    log_event(
+        logger,
+        "guard",
+        runtime.settings,
+        run_id=run_id,
+        expired=cp.guard_expired,
+        max_delete=target.max_delete,
+        forced=forced,
+    )
     cp.phase, cp.cursor = "publish", None
     store.save_checkpoint(run_id, dataclasses.asdict(cp), [])
     return True
@@ -163,7 +191,6 @@ def _publish(
     deadline: float,
     publish: Publish,
 ) -> SliceResult:
-    store = runtime.store
     for seq, items in cp.outbox:  # batches a crashed slice may not have sent
         publish(_payload(run_id, target, cutoff, seq, items))
     for page in kind.scan(cutoff, start_after=cp.cursor):
@@ -177,8 +204,15 @@ def _publish(
             return "continue"
     cp.done = True
     result = _emit(runtime, run_id, target, cutoff, cp, publish, final=True)
-    log_event(logger, "sweep", runtime.settings, run_id=run_id, listed=cp.listed,
-              expired=cp.expired, batches=cp.seq)
+    log_event(
+        logger,
+        "sweep",
+        runtime.settings,
+        run_id=run_id,
+        listed=cp.listed,
+        expired=cp.expired,
+        batches=cp.seq,
+    )
     if result == "finished":
         from digest_cleanup.reports import finish_run
 
@@ -211,7 +245,9 @@ def _emit(
     return result
 
 
-def _payload(run_id: str, target: Target, cutoff: datetime, seq: int, items: list[str]) -> BatchPayload:
+def _payload(
+    run_id: str, target: Target, cutoff: datetime, seq: int, items: list[str]
+) -> BatchPayload:
     return BatchPayload(
         run_id=run_id,
         target=target.name,
@@ -225,7 +261,7 @@ def _payload(run_id: str, target: Target, cutoff: datetime, seq: int, items: lis
 
 @dataclasses.dataclass(frozen=True)
 class Started:
-    """What a trigger did: ``created`` a run, ``attached`` to one, or ``resumed`` a stalled sweep."""
+    """What a trigger did: created, attached, resumed (a stalled sweep) or restarted."""
 
     run_id: str
     action: Literal["created", "attached", "resumed", "restarted"]
@@ -271,12 +307,25 @@ def start(
     else:
         action = "created" if status == "created" else "attached"
     if action in ("created", "restarted"):
-        log_event(logger, "run", runtime.settings, run_id=run_id, status="running",
-                  trigger=trigger, action=action, cutoff=cutoff.isoformat(), dry_run=dry_run)
+        log_event(
+            logger,
+            "run",
+            runtime.settings,
+            run_id=run_id,
+            status="running",
+            trigger=trigger,
+            action=action,
+            cutoff=cutoff.isoformat(),
+            dry_run=dry_run,
+        )
         enqueue(run_id)
         return Started(run_id, action, "running")
     run = store.get(run_id)
-    if run.status == "running" and run.fields.get("sweep_done") != "1" and _stalled(runtime, run.fields):
+    if (
+        run.status == "running"
+        and run.fields.get("sweep_done") != "1"
+        and _stalled(runtime, run.fields)
+    ):
         enqueue(run_id)
         return Started(run_id, "resumed", run.status)
     return Started(run_id, "attached", run.status)
@@ -286,5 +335,7 @@ def _stalled(runtime: Runtime, fields: Any) -> bool:
     last = fields.get("sweep_heartbeat") or fields.get("created_at")
     if not last:
         return True
-    age = (datetime.fromisoformat(last.replace("Z", "+00:00")) - datetime.fromisoformat(now_iso().replace("Z", "+00:00")))
+    age = datetime.fromisoformat(last.replace("Z", "+00:00")) - datetime.fromisoformat(
+        now_iso().replace("Z", "+00:00")
+    )
     return -age.total_seconds() > runtime.settings.visibility_timeout + SLICE_SECONDS

@@ -212,7 +212,9 @@ def _parse_crontab(name: str, schedule: str) -> crontab:
             minute=minute, hour=hour, day_of_month=dom, month_of_year=month, day_of_week=dow
         )
     except (ValueError, TypeError) as exc:
-        raise TargetsFileError(f"targets.{name}.schedule: {schedule!r} is not valid: {exc}") from exc
+        raise TargetsFileError(
+            f"targets.{name}.schedule: {schedule!r} is not valid: {exc}"
+        ) from exc
 
 
 def _require(name: str, table: Mapping[str, Any], field: str, typ: type[Any]) -> Any:
@@ -223,10 +225,8 @@ def _require(name: str, table: Mapping[str, Any], field: str, typ: type[Any]) ->
 
 def _optional(name: str, table: Mapping[str, Any], field: str, typ: type[Any], default: Any) -> Any:
     value = table.get(field, default)
-    if field in table and (not isinstance(value, typ) or isinstance(value, bool) and typ is int):
-        raise TargetsFileError(
-            f"targets.{name}.{field}: expected {typ.__name__}, got {value!r}"
-        )
+    if field in table and (not isinstance(value, typ) or (isinstance(value, bool) and typ is int)):
+        raise TargetsFileError(f"targets.{name}.{field}: expected {typ.__name__}, got {value!r}")
     return value
 
 

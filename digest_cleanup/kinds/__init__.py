@@ -36,7 +36,9 @@ def load_kind(name: str, *, target: str = "?") -> type[TargetKind]:
     if spec is None and ":" in name:
         spec = name
     if spec is None:
-        known = sorted(set(BUILTIN_KINDS) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+        known = sorted(
+            set(BUILTIN_KINDS) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+        )
         raise TargetsFileError(
             f"targets.{target}.kind: unknown kind {name!r}; use one of {', '.join(known)} "
             "or a 'package.module:Class' path"

@@ -137,7 +137,10 @@ def parse_dataclass(cls: type[Any], target: str, raw: Mapping[str, Any]) -> Any:
     values: dict[str, Any] = {}
     for name, field in fields.items():
         if name not in raw:
-            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            if (
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            ):
                 raise TargetsFileError(f"targets.{target}: missing required field {name!r}")
             continue
         value = raw[name]

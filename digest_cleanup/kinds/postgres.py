@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -64,8 +65,9 @@ COUNT_STATEMENT_TIMEOUT = "10min"
 IDLE_IN_TRANSACTION_TIMEOUT = "60s"
 #: Seconds to wait for a TCP connection, unless the DSN says otherwise.
 CONNECT_TIMEOUT = 10
-#: A B-tree index entry cannot exceed about a third of an 8 kB page.  No key of
-#: an indexed primary key can be longer than this many bytes.
+#: Items longer than this many bytes are refused.  It is the B-tree limit of about a
+#: third of an 8 kB page: only a key that compresses well can be longer, and
+#: realistic keys are far shorter.
 MAX_KEY_BYTES = 2704
 #: One delete transaction holds its rows' locks until it commits, and one locked row
 #: fails the whole batch.  1000, the same cap as S3, keeps both small.  At that
@@ -103,6 +105,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _CANONICAL_INTEGER = re.compile(r"^-?(0|[1-9][0-9]*)$")
 _CANONICAL_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _INTEGER_BITS = {"int2": 16, "int4": 32, "int8": 64}
+_TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "citext", "name"})
 _TIMESTAMP_TYPES = frozenset({"timestamptz", "timestamp", "date"})
 
 
@@ -158,7 +161,9 @@ class PostgresKind(TargetKind):
         dsn = settings.env.get(options.dsn_env)
         if not dsn:
             raise SettingsError(
-                options.dsn_env, "is not set", "set it to a PostgreSQL DSN such as postgresql://user@host/db"
+                options.dsn_env,
+                "is not set",
+                "set it to a PostgreSQL DSN such as postgresql://user@host/db",
             )
         try:
             params = conninfo_to_dict(dsn)
@@ -182,7 +187,9 @@ class PostgresKind(TargetKind):
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._conn_pid = 0
         self._key: _KeyType | None = None
-        #: Session timeouts and the scan page size; tests may shorten them.
+        # Calls are serialized, so a thread pool sharing one instance stays correct.
+        self._lock = threading.RLock()
+        #: Session timeouts (applied when a connection opens) and the scan page size.
         self.lock_timeout = LOCK_TIMEOUT
         self.statement_timeout = STATEMENT_TIMEOUT
         self.scan_page_size = SCAN_PAGE_SIZE
@@ -261,14 +268,15 @@ class PostgresKind(TargetKind):
 
         It looks the key type up on first use, so it may raise an :class:`ItemError`.
         """
-        if not item:
-            return "empty"
         if "\x00" in item:
             return "holding a NUL character, which PostgreSQL text cannot store"
         if len(item.encode()) > MAX_KEY_BYTES:
             return f"longer than {MAX_KEY_BYTES} bytes, more than an index entry holds"
         with self._mapped_errors():
             key = self._key_type()
+        if not item and key.name not in _TEXT_TYPES:
+            # '' is a legal text key, and refusing it would poison every batch it lands in.
+            return "empty"
         bits = _INTEGER_BITS.get(key.name)
         if bits is not None:
             if not _CANONICAL_INTEGER.match(item):
@@ -297,11 +305,16 @@ class PostgresKind(TargetKind):
 
     def close(self) -> None:
         """Close the connection; the next call opens a new one."""
-        self._drop_connection()
+        with self._lock:
+            self._drop_connection()
 
     def _scan_sql(self, key: _KeyType, *, first: bool) -> sql.Composed:
-        where = sql.SQL("") if first else sql.SQL("WHERE src.{pk} > %(after)s::{type}").format(
-            pk=self._pk, type=sql.Identifier(key.schema, key.name)
+        where = (
+            sql.SQL("")
+            if first
+            else sql.SQL("WHERE src.{pk} > %(after)s::{type}").format(
+                pk=self._pk, type=sql.Identifier(key.schema, key.name)
+            )
         )
         # ORDER BY names src.pk: a bare "pk" would sort by the output column
         # pk::text, which carries the same name, and 10 would come before 9.
@@ -401,17 +414,21 @@ class PostgresKind(TargetKind):
 
     @contextlib.contextmanager
     def _mapped_errors(self) -> Iterator[None]:
-        """Raise psycopg errors as :class:`ItemError`; drop the connection if it broke."""
-        try:
-            yield
-        except psycopg.Error as exc:
-            conn = self._conn
-            if conn is not None and (
-                conn.broken or conn.info.transaction_status != TransactionStatus.IDLE
-            ):
-                # Broken, or left in a failed transaction: start clean next time.
-                self._drop_connection()
-            raise classify(exc) from exc
+        """Serialize one call; raise psycopg errors as :class:`ItemError` via :func:`classify`."""
+        with self._lock:
+            try:
+                yield
+            except psycopg.Error as exc:
+                self._after_error()
+                raise classify(exc) from exc
+
+    def _after_error(self) -> None:
+        """Drop a connection that broke, or that an error left inside a transaction."""
+        conn = self._conn
+        if conn is not None and (
+            conn.broken or conn.info.transaction_status != TransactionStatus.IDLE
+        ):
+            self._drop_connection()
 
 
 def classify(exc: psycopg.Error) -> ItemError:
@@ -451,9 +468,7 @@ def _validate(target: str, options: PostgresOptions) -> None:
                 "(1-63 letters, digits or '_', not starting with a digit)"
             )
     if options.primary_key == options.timestamp_column:
-        raise TargetsFileError(
-            f"targets.{target}.timestamp_column: must differ from primary_key"
-        )
+        raise TargetsFileError(f"targets.{target}.timestamp_column: must differ from primary_key")
     if not _ENV_NAME.match(options.dsn_env):
         # The value is not echoed: someone may have pasted a DSN with its password here.
         raise TargetsFileError(

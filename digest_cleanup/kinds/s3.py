@@ -123,7 +123,7 @@ class S3Kind(TargetKind):
 
     @property
     def _all_versions(self) -> bool:
-        return self.options.versions == "all"
+        return bool(self.options.versions == "all")
 
     def scan(self, cutoff: datetime, start_after: str | None = None) -> Iterator[Page]:
         if self._all_versions:
@@ -173,7 +173,9 @@ class S3Kind(TargetKind):
 
     def delete(self, items: Sequence[str], cutoff: datetime) -> list[ItemResult]:
         objects = [self._identifier(item) for item in items]
-        by_identity = {(o["Key"], o.get("VersionId")): item for o, item in zip(objects, items, strict=True)}
+        by_identity = {
+            (o["Key"], o.get("VersionId")): item for o, item in zip(objects, items, strict=True)
+        }
         try:
             with _mapped_errors():
                 response = self.client.delete_objects(
@@ -181,9 +183,7 @@ class S3Kind(TargetKind):
                 )
         except (TransientError, PermanentError) as exc:
             outcome = Outcome.TRANSIENT if isinstance(exc, TransientError) else Outcome.PERMANENT
-            return [
-                ItemResult(i, outcome, exc.code, exc.message, exc.retry_after) for i in items
-            ]
+            return [ItemResult(i, outcome, exc.code, exc.message, exc.retry_after) for i in items]
         failed: dict[str, ItemResult] = {}
         for err in response.get("Errors", []):
             item = by_identity.get((err.get("Key", ""), err.get("VersionId")))
@@ -194,7 +194,9 @@ class S3Kind(TargetKind):
             code = err.get("Code", "Unknown")
             message = err.get("Message", "")
             if code == "AccessDenied" and self._all_versions and self._is_locked(item):
-                failed[item] = ItemResult(item, Outcome.PERMANENT, "locked", message or "object lock")
+                failed[item] = ItemResult(
+                    item, Outcome.PERMANENT, "locked", message or "object lock"
+                )
             elif code in TRANSIENT_CODES:
                 failed[item] = ItemResult(item, Outcome.TRANSIENT, code, message)
             else:

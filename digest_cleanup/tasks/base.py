@@ -29,8 +29,9 @@ class CleanupTask(Task):  # type: ignore[misc]  # celery ships no type informati
     def runtime(self) -> Runtime:
         return runtime_of(self.app)
 
-    def publish_batch(self, payload: BatchPayload, *, countdown: float | None = None,
-                      task_id: str | None = None) -> None:
+    def publish_batch(
+        self, payload: BatchPayload, *, countdown: float | None = None, task_id: str | None = None
+    ) -> None:
         self.app.send_task(
             "digest_cleanup.delete_batch",
             kwargs=payload.to_message(),

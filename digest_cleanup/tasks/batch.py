@@ -13,7 +13,7 @@ from digest_cleanup.tasks.base import HIDDEN_KWARGS, CleanupTask, DeadLettered
 
 
 class _TaskPublisher:
-    """Publishes follow-ups through the task's app (see :class:`~digest_cleanup.batches.Publisher`)."""
+    """Publishes a batch's follow-ups (retry, dead letter) through the task's app."""
 
     def __init__(self, task: CleanupTask) -> None:
         self.task = task
@@ -46,7 +46,8 @@ def delete_batch(self: CleanupTask, *args: Any, **kwargs: Any) -> dict[str, Any]
     summary = report.as_dict()
     if report.entry_id and report.status in ("dead_lettered", "poison"):
         raise DeadLettered(
-            f"dead-lettered as {report.entry_id}: {report.dead_lettered} keys, reason {report.reason}"
+            f"dead-lettered as {report.entry_id}: {report.dead_lettered} keys, "
+            f"reason {report.reason}"
         )
     if report.status == "retrying":
         raise Retry(f"{report.retrying} keys retry in {report.countdown}s", when=report.countdown)

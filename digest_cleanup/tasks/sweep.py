@@ -25,7 +25,9 @@ def sweep(self: CleanupTask, run_id: str) -> dict[str, Any]:
 
 
 @shared_task(bind=True, base=CleanupTask, name="digest_cleanup.trigger")
-def trigger(self: CleanupTask, target: str, now: str | None = None, catch_up: bool = False) -> dict[str, Any]:
+def trigger(
+    self: CleanupTask, target: str, now: str | None = None, catch_up: bool = False
+) -> dict[str, Any]:
     """Start the run for the target's latest scheduled slot, once per slot.
 
     Beat sends this on the target's crontab, and once per target when beat
@@ -50,4 +52,9 @@ def trigger(self: CleanupTask, target: str, now: str | None = None, catch_up: bo
         self.enqueue_sweep,
         trigger="beat-catch-up" if catch_up else "beat",
     )
-    return {"target": target, "slot": slot.isoformat(), "run_id": started.run_id, "action": started.action}
+    return {
+        "target": target,
+        "slot": slot.isoformat(),
+        "run_id": started.run_id,
+        "action": started.action,
+    }

@@ -44,13 +44,16 @@ class MemoryKind(TargetKind):
     def scan(self, cutoff: datetime, start_after: str | None = None) -> Iterator[Page]:
         with _LOCK:
             items = sorted(
-                (k, t) for k, t in STORES.get(self.options.store, {}).items()
+                (k, t)
+                for k, t in STORES.get(self.options.store, {}).items()
                 if k.startswith(self.options.prefix) and (start_after is None or k > start_after)
             )
         size = self.options.page_size
         for i in range(0, len(items), size):
             page = items[i : i + size]
-            yield Page(scanned=len(page), expired=[k for k, t in page if t < cutoff], cursor=page[-1][0])
+            yield Page(
+                scanned=len(page), expired=[k for k, t in page if t < cutoff], cursor=page[-1][0]
+            )
 
     def delete(self, items: Sequence[str], cutoff: datetime) -> list[ItemResult]:
         results = []

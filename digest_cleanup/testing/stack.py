@@ -7,6 +7,7 @@ killed with its whole group, and leaves a log file in the stack's directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,8 +22,10 @@ from typing import Any
 READY_TIMEOUT = 60.0
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, message: str, interval: float = 0.1) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with ``message`` after ``timeout``."""
+def wait_for(
+    condition: Callable[[], Any], timeout: float, message: str, interval: float = 0.1
+) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -63,17 +66,17 @@ class Process:
     def wait_ready(self, marker: str = "ready.", timeout: float = READY_TIMEOUT) -> Process:
         def ready() -> bool:
             if not self.alive():
-                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}):\n{self.output()[-3000:]}")
+                raise RuntimeError(
+                    f"{self.name} exited ({self.proc.returncode}):\n{self.output()[-3000:]}"
+                )
             return marker in self.output()
 
         wait_for(ready, timeout, f"{self.name} to log {marker!r}")
         return self
 
     def signal_group(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def kill(self) -> None:
         """SIGKILL the whole process group: the worker and its pool children die at once."""
@@ -95,10 +98,8 @@ class Process:
 
     def stop(self) -> None:
         if self.alive():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.terminate(30)
-            except subprocess.TimeoutExpired:
-                pass
         else:
             self.signal_group(signal.SIGKILL)
 
@@ -138,7 +139,9 @@ class Stack:
         candidate = Path(sys.executable).parent / name
         return str(candidate) if candidate.exists() else name
 
-    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Process:
+    def start(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> Process:
         self._count += 1
         log = self.workdir / f"{name}-{self._count}.log"
         proc = Process(name, argv, {**self.env, **(env or {})}, log)
@@ -158,9 +161,17 @@ class Stack:
         """Start ``celery -A digest_cleanup worker`` and wait until it is ready."""
         self._count += 1
         argv = [
-            self._bin("celery"), "-A", "digest_cleanup", "worker", "--loglevel=INFO",
-            f"--concurrency={concurrency}", f"--pool={pool}", f"--hostname=w{self._count}@%h",
-            "--without-mingle", "--without-gossip", *extra,
+            self._bin("celery"),
+            "-A",
+            "digest_cleanup",
+            "worker",
+            "--loglevel=INFO",
+            f"--concurrency={concurrency}",
+            f"--pool={pool}",
+            f"--hostname=w{self._count}@%h",
+            "--without-mingle",
+            "--without-gossip",
+            *extra,
         ]
         if queues:
             argv.append(f"--queues={queues}")
@@ -169,11 +180,19 @@ class Stack:
 
     def beat(self, *, env: Mapping[str, str] | None = None, name: str = "beat") -> Process:
         schedule = self.workdir / f"{name}-{self._count + 1}-schedule"
-        argv = [self._bin("celery"), "-A", "digest_cleanup", "beat", "--loglevel=INFO",
-                f"--schedule={schedule}"]
+        argv = [
+            self._bin("celery"),
+            "-A",
+            "digest_cleanup",
+            "beat",
+            "--loglevel=INFO",
+            f"--schedule={schedule}",
+        ]
         return self.start(name, argv, env)
 
-    def cli(self, *args: str, env: Mapping[str, str] | None = None, timeout: float = 300) -> CliResult:
+    def cli(
+        self, *args: str, env: Mapping[str, str] | None = None, timeout: float = 300
+    ) -> CliResult:
         """Run ``digest-cleanup ARGS`` to completion."""
         proc = subprocess.run(
             [self._bin("digest-cleanup"), *args],
@@ -214,4 +233,5 @@ class CliResult:
             ) from exc
 
     def __repr__(self) -> str:
-        return f"CliResult(code={self.code}, stdout={self.stdout[-500:]!r}, stderr={self.stderr[-1500:]!r})"
+        out, err = self.stdout[-500:], self.stderr[-1500:]
+        return f"CliResult(code={self.code}, stdout={out!r}, stderr={err!r})"

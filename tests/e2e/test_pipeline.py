@@ -120,13 +120,19 @@ def test_duplicate_batch_delivery_is_counted_once(make_stack, s3, bucket, redis_
 
     # When its first batch is delivered again (same batch id and attempt)
     payload = BatchPayload(
-        run_id=run["run_id"], target="statements", batch_id=f"{run['run_id']}-b00001", seq=1,
-        cutoff=run["cutoff"], items=keys[:500],
+        run_id=run["run_id"],
+        target="statements",
+        batch_id=f"{run['run_id']}-b00001",
+        seq=1,
+        cutoff=run["cutoff"],
+        items=keys[:500],
     )
     _send(stack, payload)
     client = redis.Redis.from_url(redis_url)
     deliveries = f"dc:run:{run['run_id']}:deliveries"
-    wait_for(lambda: client.hget(deliveries, payload.claim) == b"2", 30, "the duplicate to be delivered")
+    wait_for(
+        lambda: client.hget(deliveries, payload.claim) == b"2", 30, "the duplicate to be delivered"
+    )
     wait_for(lambda: "duplicate" in stack.processes[0].output(), 30, "the duplicate to be recorded")
 
     # Then the run's counters are unchanged, and the duplicate is counted as such

@@ -1,0 +1,1 @@
+"""Benchmarks: `make bench` measures the pipeline against the alternatives in one run."""
