@@ -86,6 +86,13 @@ def _check(runtime: Runtime, payload: BatchPayload) -> Any:
             f"{len(payload.items)} items; one {target.kind} delete takes at most "
             f"{kind.max_batch_size}",
         )
+    # Scope first: a key outside the target is refused whatever else the message claims.
+    for item in payload.items:
+        reason = kind.out_of_scope(item)
+        if reason is not None:
+            raise PoisonMessage(
+                "out_of_scope", f"an item is {reason}; nothing in the batch was deleted"
+            )
     run = runtime.store.find(payload.run_id)
     if run is None or run.fields.get("target") != payload.target:
         raise PoisonMessage(
@@ -98,12 +105,6 @@ def _check(runtime: Runtime, payload: BatchPayload) -> Any:
             "cutoff_mismatch",
             f"message cutoff {payload.cutoff} differs from the run's {run.fields.get('cutoff')}",
         )
-    for item in payload.items:
-        reason = kind.out_of_scope(item)
-        if reason is not None:
-            raise PoisonMessage(
-                "out_of_scope", f"an item is {reason}; nothing in the batch was deleted"
-            )
     return kind
 
 

@@ -201,6 +201,9 @@ def _publish(
             cp.cursor = page.cursor
         _emit(runtime, run_id, target, cutoff, cp, publish, final=False)
         if time.monotonic() > deadline:
+            # Handing over cleanly: the outbox went out, so the next slice must not resend it.
+            cp.outbox = []
+            runtime.store.save_checkpoint(run_id, dataclasses.asdict(cp), [])
             return "continue"
     cp.done = True
     result = _emit(runtime, run_id, target, cutoff, cp, publish, final=True)
