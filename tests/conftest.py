@@ -93,6 +93,8 @@ def proxy(weed: WeedServer) -> Iterator[FaultProxy]:
 
 
 _bucket_numbers = itertools.count()
+#: Worker processes import test-only kinds (``tests.kinds``) from here.
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -166,6 +168,7 @@ def make_stack(tmp_path: Path, redis_url: str, proxy: FaultProxy) -> Iterator[Ca
             s3_endpoint_url=direct_s3 or proxy.endpoint_url,
             targets_toml=targets_toml,
             env={
+                "PYTHONPATH": str(REPO_ROOT),
                 "CLEANUP_VISIBILITY_TIMEOUT": "30",
                 "CLEANUP_RETRY_BASE": "0.2",
                 "CLEANUP_RETRY_CAP": "2",

@@ -1,0 +1,243 @@
+"""Dead letters ops can act on, poison messages, and the audit report, on the real stack."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis
+
+from digest_cleanup.app import create_app, dead_letter_queue
+from digest_cleanup.batches import BatchPayload
+from digest_cleanup.runtime import Runtime
+from digest_cleanup.settings import Settings
+from digest_cleanup.testing.stack import Stack, wait_for
+from tests.conftest import list_keys, s3_targets, seed_split
+
+pytestmark = pytest.mark.e2e
+
+KEYS = [f"statements/2026-10-18/cust-{i:06d}.pdf" for i in range(1200)]
+
+
+def _send(stack: Stack, kwargs: Any, task_id: str | None = None) -> None:
+    app = create_app(Settings.from_env(stack.env))
+    app.send_task("digest_cleanup.delete_batch", kwargs=kwargs, queue="batches", task_id=task_id)
+
+
+def _entries(stack: Stack, *args: str) -> list[dict[str, Any]]:
+    result = stack.cli("dlq", "list", "--json", *args)
+    assert result.code == 0, result
+    return list(result.json()["entries"])
+
+
+def test_denied_keys_are_listed_redriven_after_the_fix_and_fold_back_into_the_run(
+    make_stack, s3, bucket, proxy
+):
+    # Given a run in which S3 denies exactly 7 keys
+    denied = {KEYS[i] for i in (0, 99, 250, 499, 500, 777, 1199)}
+    cutoff = seed_split(s3, bucket, KEYS, [])
+    proxy.deny_keys = denied
+    stack = make_stack(s3_targets(bucket))
+    stack.worker()
+    run = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json").json()
+    assert run["status"] == "complete_with_failures"
+
+    # When ops list the dead letters
+    entries = _entries(stack)
+
+    # Then they see exactly those 7 keys with AccessDenied, their run and attempts
+    listed = {k["key"]: k["code"] for e in entries for k in e["keys"]}
+    assert listed == dict.fromkeys(denied, "AccessDenied")
+    assert {e["run_id"] for e in entries} == {run["run_id"]}
+    assert all(
+        e["attempts"] == 1 and e["first_failure_at"] and e["last_failure_at"] for e in entries
+    )
+    # and listing twice shows the same thing: a peek consumes nothing
+    assert _entries(stack) == entries
+    assert _entries(stack, "--error", "AccessDenied") == entries
+    assert _entries(stack, "--error", "SlowDown") == []
+    shown = stack.cli("dlq", "show", entries[0]["id"], "--json").json()
+    assert shown["keys"] == entries[0]["keys"]
+
+    # When the cause is fixed and everything is redriven
+    proxy.deny_keys = set()
+    dry = stack.cli("dlq", "redrive", "--all", "--dry-run", "--json").json()
+    assert sorted(dry["selected"]) == sorted(e["id"] for e in entries)
+    assert dry["redriven"] == []
+    assert len(_entries(stack)) == len(entries)
+    redrive = stack.cli("dlq", "redrive", "--all", "--json").json()
+    assert sorted(redrive["redriven"]) == sorted(e["id"] for e in entries)
+
+    # Then the keys are deleted, the queue is empty and the run reads complete
+    status = wait_for(
+        lambda: (
+            (s := stack.cli("status", run["run_id"], "--json").json())["status"] == "complete" and s
+        ),
+        60,
+        "the redriven run to complete",
+    )
+    assert status["redriven"] == 7
+    assert status["dead_lettered"] == 0
+    assert status["deleted"] == 1200
+    assert _entries(stack) == []
+    assert list_keys(s3, bucket) == set()
+
+
+def test_a_redrive_that_crashes_midway_loses_no_entry(make_stack, s3, bucket, proxy, redis_url):
+    # Given 12 dead-letter entries (every key of a run denied, batches of 100)
+    cutoff = seed_split(s3, bucket, KEYS, [])
+    proxy.deny_keys = set(KEYS)
+    stack = make_stack(s3_targets(bucket, batch_size=100))
+    stack.worker()
+    stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json")
+    stack.stop()  # no worker: redriven entries stay on the work queue where we can see them
+    runtime = Runtime(Settings.from_env(stack.env))
+    dlq = dead_letter_queue(runtime)
+    entries = dlq.entries()
+    assert len(entries) == 12
+
+    # When a redrive dies after moving five entries
+    class Crash(Exception):
+        pass
+
+    def dying() -> Any:
+        for n, entry in enumerate(entries):
+            if n == 5:
+                raise Crash
+            yield entry
+
+    with pytest.raises(Crash):
+        dlq.redrive(dying())
+
+    # Then every entry is in exactly one of the two queues
+    client = redis.Redis.from_url(redis_url)
+    work = [json.loads(m)["headers"]["id"] for m in client.lrange("batches", 0, -1)]
+    left = [e.id for e in dlq.entries()]
+    assert len(work) == 5 and len(left) == 7
+    assert sorted(work + left) == sorted(e.id for e in entries)
+    run = runtime.store.get(entries[0].run_id)
+    assert run.count("redriven") == 500
+    assert run.count("dead_lettered") == 700
+
+
+def test_poison_messages_are_dead_lettered_with_a_reason_and_the_worker_keeps_going(
+    make_stack, s3, bucket, proxy
+):
+    # Given a worker and a bucket with keys both inside and outside the prefix
+    cutoff = seed_split(s3, bucket, KEYS[:300], [])
+    from tests.conftest import put_keys
+
+    put_keys(s3, bucket, ["receipts/keep-me.json"])
+    stack = make_stack(s3_targets(bucket))
+    worker = stack.worker()
+    good = BatchPayload(
+        run_id="statements-20261122T030000Z",
+        target="statements",
+        batch_id="forged-b00001",
+        seq=1,
+        cutoff=cutoff.isoformat(),
+        items=KEYS[:3],
+    )
+
+    # When poison is put straight onto the work queue
+    _send(stack, {"hello": "world"}, "poison-malformed")
+    _send(stack, good.to_message() | {"target": "nope"}, "poison-target")
+    outside = BatchPayload(**{**good.__dict__, "items": [KEYS[0], "receipts/keep-me.json"]})
+    _send(stack, outside.to_message(), "poison-scope")
+    big = BatchPayload(**{**good.__dict__, "items": [f"statements/x{i}" for i in range(1001)]})
+    _send(stack, big.to_message(), "poison-big")
+    _send(stack, good.to_message(), "poison-norun")
+
+    # Then each is dead-lettered with its reason, and nothing was deleted
+    expected = {
+        "dl-poison-poison-malformed": "malformed",
+        "dl-poison-poison-target": "unknown_target",
+        "dl-poison-poison-scope": "out_of_scope",
+        "dl-poison-poison-big": "too_many_keys",
+        "dl-poison-poison-norun": "unknown_run",
+    }
+    entries = wait_for(lambda: len(e := _entries(stack)) == 5 and e, 60, "five poison entries")
+    assert {e["id"]: e["reason"] for e in entries} == expected
+    assert all(not e["redrivable"] for e in entries)
+    assert proxy.delete_requests == 0
+    assert "receipts/keep-me.json" in list_keys(s3, bucket)
+    assert KEYS[0] in list_keys(s3, bucket)
+
+    # And the same worker process still runs a real cleanup afterwards
+    run = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json").json()
+    assert run["status"] == "complete"
+    assert run["deleted"] == 300
+    assert worker.alive()
+
+
+def test_a_batch_whose_worker_dies_on_every_delivery_is_dead_lettered_as_worker_lost(make_stack):
+    # Given a target whose deletes kill the worker's pool process every time
+    stack = make_stack(
+        '[targets.doomed]\nkind = "tests.kinds:KillerKind"\nretention_days = 1\n'
+        'schedule = "0 3 * * 0"\n',
+        env={"CLEANUP_MAX_DELIVERIES": "3"},
+    )
+    worker = stack.worker(concurrency=1)
+
+    # When its run is started
+    result = stack.cli("run", "doomed", "--wait", "--json", "--timeout", "120")
+
+    # Then after 3 deliveries the batch goes to the dead-letter queue as worker_lost
+    run = result.json()
+    assert run["status"] == "complete_with_failures", result
+    assert run["dead_lettered"] == 3
+    assert run["duplicates"] == 3  # deliveries 2, 3 and 4
+    (entry,) = _entries(stack)
+    assert entry["reason"] == "worker_lost"
+    assert {k["code"] for k in entry["keys"]} == {"worker_lost"}
+    assert worker.alive()  # the pool replaced its children; the worker itself kept going
+
+
+def test_run_report_is_written_to_the_audit_location_and_adds_up(make_stack, s3, bucket, proxy):
+    # Given an audit location and a run where 3 keys are denied
+    s3.create_bucket(Bucket=f"{bucket}-audit")
+    cutoff = seed_split(s3, bucket, KEYS[:900], KEYS[900:950])
+    proxy.deny_keys = {KEYS[1], KEYS[2], KEYS[3]}
+    stack = make_stack(
+        s3_targets(bucket), env={"CLEANUP_AUDIT_URL": f"s3://{bucket}-audit/reports/"}
+    )
+    stack.worker()
+
+    run = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json").json()
+
+    # Then the report exists where status says, and its numbers add up
+    prefix = f"reports/statements/{run['run_id']}/"
+    assert run["report_url"] == f"s3://{bucket}-audit/{prefix}"
+    summary = json.loads(
+        s3.get_object(Bucket=f"{bucket}-audit", Key=prefix + "summary.json")["Body"].read()
+    )
+    assert summary["expired"] == 900
+    assert summary["deleted"] + summary["dead_lettered"] + summary["skipped"] == summary["expired"]
+    assert summary["accounting"]["balanced"] is True
+    assert summary["config_digest"] == run["config_digest"]
+    rows = s3.get_object(Bucket=f"{bucket}-audit", Key=prefix + "not_deleted.jsonl")["Body"].read()
+    lines = [json.loads(line) for line in rows.decode().splitlines()]
+    assert {(r["key"], r["code"]) for r in lines} == {(k, "AccessDenied") for k in KEYS[1:4]}
+
+
+def test_purge_leaves_an_audit_record(make_stack, s3, bucket, proxy):
+    cutoff = seed_split(s3, bucket, KEYS[:10], [])
+    proxy.deny_keys = {KEYS[4]}
+    stack = make_stack(s3_targets(bucket))
+    stack.worker()
+    stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait")
+    (entry,) = _entries(stack)
+
+    refused = stack.cli("dlq", "purge", entry["id"])
+    assert refused.code == 2
+    assert "--yes" in refused.stderr
+    purged = stack.cli("dlq", "purge", entry["id"], "--yes", "--json")
+
+    assert purged.code == 0, purged
+    record = purged.json()["audit_records"][0]
+    assert record["entry"]["keys"][0]["key"] == KEYS[4]
+    assert record["command"].startswith("digest-cleanup dlq purge")
+    assert _entries(stack) == []
+    runtime = Runtime(Settings.from_env(stack.env))
+    assert dead_letter_queue(runtime).audit_log()[0]["entry"]["id"] == entry["id"]

@@ -1,0 +1,38 @@
+"""Kinds that exist only for tests, loaded by worker processes as ``tests.kinds:NAME``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+
+from digest_cleanup.kinds import ItemResult, Page, TargetKind
+
+
+@dataclasses.dataclass(frozen=True)
+class KillerOptions:
+    count: int = 3
+
+
+class KillerKind(TargetKind):
+    """Lists ``count`` expired items, and kills its own process on every delete."""
+
+    name = "killer"
+    Options = KillerOptions
+
+    def scan(self, cutoff: datetime, start_after: str | None = None) -> Iterator[Page]:
+        if start_after is None:
+            items = [f"doomed/{i}" for i in range(self.options.count)]
+            yield Page(scanned=len(items), expired=items, cursor=items[-1])
+
+    def delete(self, items: Sequence[str], cutoff: datetime) -> list[ItemResult]:
+        os.kill(os.getpid(), signal.SIGKILL)  # an OOM kill, as far as Celery can tell
+        raise AssertionError("unreachable")
+
+    def out_of_scope(self, item: str) -> str | None:
+        return None if item.startswith("doomed/") else "not doomed"
+
+    def describe(self) -> str:
+        return "killer://"
