@@ -3,7 +3,10 @@
 Neither ``weed mini`` nor moto can throttle, drop connections or refuse single
 keys on demand, so :class:`FaultProxy` sits between the code under test and the
 real server and does it.  It forwards each request as it came (method, target,
-headers and body) and each response as it came back, unless a fault applies::
+headers and body) and each response as it came back, unless a fault applies.
+Only hop-by-hop headers (Connection, Transfer-Encoding, Expect, ...) are not
+passed on: a chunked body travels on with a Content-Length, and the proxy answers
+``100 Continue`` itself::
 
     with FaultProxy(weed.endpoint_url) as proxy:
         proxy.slowdown_rate = 0.3          # 30 % of DeleteObjects get 503 SlowDown
@@ -23,6 +26,7 @@ import hashlib
 import http.client
 import math
 import random
+import re
 import socket
 import threading
 import time
@@ -60,6 +64,7 @@ _HOP_BY_HOP = frozenset(
 #: Statuses (besides 1xx) whose responses never carry a body.
 _NO_BODY_STATUSES = frozenset({http.client.NO_CONTENT, http.client.NOT_MODIFIED})
 _S3_XMLNS = "http://s3.amazonaws.com/doc/2006-03-01/"
+_SELF_CLOSED_RESULT = re.compile(rb"(<DeleteResult\b[^>]*?)\s*/>")
 _XML_DECLARATION = b'<?xml version="1.0" encoding="UTF-8"?>\n'
 _SLOWDOWN_BODY = (
     _XML_DECLARATION
@@ -135,6 +140,20 @@ def _access_denied_entries(denied: Iterable[tuple[str, str | None]]) -> bytes:
             "<Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
         )
     return "".join(parts).encode("utf-8")
+
+
+def _merge_errors(result: bytes, injected: bytes) -> bytes:
+    """Add the proxy's ``<Error>`` entries to an upstream ``<DeleteResult>`` document.
+
+    S3 lists errors after the deleted keys; appending before the closing tag keeps
+    that order.  An empty result may come self-closed (``<DeleteResult .../>``).
+    """
+    close_tag = result.rfind(b"</DeleteResult>")
+    if close_tag >= 0:
+        return result[:close_tag] + injected + result[close_tag:]
+    return _SELF_CLOSED_RESULT.sub(
+        lambda match: match.group(1) + b">" + injected + b"</DeleteResult>", result, count=1
+    )
 
 
 def _fix_integrity_headers(headers: list[tuple[str, str]], body: bytes) -> list[tuple[str, str]]:
@@ -260,14 +279,14 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if self.command == "POST" and "delete" in parse_qs(
             urlsplit(self.path).query, keep_blank_values=True
         ):
-            self._delete_objects(body or b"")
+            self._delete_objects(body)
         else:
             self._relay(body)
 
     # Every method goes through the same path; S3 clients use all of these.
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = do_OPTIONS = do_PATCH = handle_request
 
-    def _delete_objects(self, body: bytes) -> None:
+    def _delete_objects(self, body: bytes | None) -> None:
         """Apply SlowDown and per-key denial to a DeleteObjects request."""
         proxy = self.server.proxy
         if proxy._roll_slowdown():
@@ -278,7 +297,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 [("Retry-After", str(proxy.retry_after))],
             )
             return
-        parsed = _split_delete_body(body, proxy.deny_keys)
+        parsed = None if body is None else _split_delete_body(body, proxy.deny_keys)
         if parsed is None:
             self._relay(body)
             return
@@ -304,9 +323,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             return
         status, reason, response_headers, response_body = response
         if injected and status == http.client.OK:
-            close_tag = response_body.rfind(b"</DeleteResult>")
-            if close_tag >= 0:
-                response_body = response_body[:close_tag] + injected + response_body[close_tag:]
+            response_body = _merge_errors(response_body, injected)
         self._send(status, reason, response_headers, response_body)
 
     def _relay(self, body: bytes | None) -> None:

@@ -220,9 +220,11 @@ _live_lock = threading.Lock()
 
 @atexit.register
 def _stop_live_servers() -> None:
-    """Stop every server still running when the interpreter exits."""
+    """Stop every server this process started and left running at interpreter exit."""
     with _live_lock:
-        servers = list(_live_servers)
+        # A forked child (a Celery pool process, say) inherits the set and this
+        # hook; the servers belong to the parent, so the child leaves them alone.
+        servers = [server for server in _live_servers if server._owner_pid == os.getpid()]
     for server in servers:
         with contextlib.suppress(Exception):
             server.stop()
@@ -253,6 +255,7 @@ class _ServerProcess:
         self._given_dir = Path(data_dir) if data_dir is not None else None
         self._dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._owner_pid = os.getpid()
         self.startup_timeout = startup_timeout
 
     # -- subclass hooks
@@ -384,6 +387,7 @@ class _ServerProcess:
                 # and a Ctrl-C in the terminal does not reach the server first.
                 start_new_session=True,
             )
+        self._owner_pid = os.getpid()
         with _live_lock:
             _live_servers.add(self)
 

@@ -114,7 +114,8 @@ def test_a_redrive_that_crashes_midway_loses_no_entry(make_stack, s3, bucket, pr
     client = redis.Redis.from_url(redis_url)
     work = [json.loads(m)["headers"]["id"] for m in client.lrange("batches", 0, -1)]
     left = [e.id for e in dlq.entries()]
-    assert len(work) == 5 and len(left) == 7
+    assert len(work) == 5
+    assert len(left) == 7
     assert sorted(work + left) == sorted(e.id for e in entries)
     run = runtime.store.get(entries[0].run_id)
     assert run.count("redriven") == 500
