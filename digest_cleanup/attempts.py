@@ -172,6 +172,9 @@ def _follow_up_and_record(
             terminal=not decided.retry,
             first_generation=payload.generation == 0,
             latency=latency,
+            service_seconds=time.monotonic() - started if delete_seconds else None,
+            delete_seconds=delete_seconds,
+            items=len(payload.items),
         ),
     )
     if report.recorded == "duplicate":

@@ -118,6 +118,10 @@ if r.bucket ~= '' then
   redis.call('HINCRBY', hist, 'count', 1)
   redis.call('HINCRBYFLOAT', hist, 'sum', r.latency)
 end
+if r.service >= 0 then
+  redis.call('LPUSH', KEYS[6], r.service .. ' ' .. r.delete_seconds .. ' ' .. r.items)
+  redis.call('LTRIM', KEYS[6], 0, 1999)
+end
 if r.terminal then
   redis.call('HINCRBY', run, 'inflight', -1)
   if r.first_generation then redis.call('HINCRBY', run, 'batches_done', 1) end
@@ -164,6 +168,11 @@ class BatchRecord:
     first_generation: bool = True
     #: Seconds from publish to acknowledgement, for the latency histogram.
     latency: float | None = None
+    #: Wall seconds of the whole attempt and of the store's delete call, with the item
+    #: count: the service times capacity planning and the benchmark read.
+    service_seconds: float | None = None
+    delete_seconds: float = 0.0
+    items: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,6 +304,9 @@ class RunStore:
             "first_generation": rec.first_generation,
             "bucket": bucket,
             "latency": rec.latency or 0.0,
+            "service": -1 if rec.service_seconds is None else round(rec.service_seconds, 5),
+            "delete_seconds": round(rec.delete_seconds, 5),
+            "items": rec.items,
         }
         result = self._record(
             keys=[
@@ -303,10 +315,20 @@ class RunStore:
                 self.run_key(run_id, "pending"),
                 self.run_key(run_id, "retry_codes"),
                 self.key("latency", target),
+                self.key("timings", target),
             ],
             args=[rec.claim, json.dumps(payload), now_iso()],
         )
         return _text(result)
+
+    def timings(self, target: str, limit: int = 2000) -> list[tuple[float, float, int]]:
+        """Recent attempts of a target, newest first: (attempt s, delete s, items)."""
+        raw = self.redis.lrange(self.key("timings", target), 0, limit - 1)
+        rows = []
+        for line in raw:
+            service, delete, items = _text(line).split()
+            rows.append((float(service), float(delete), int(items)))
+        return rows
 
     def count_delivery(self, run_id: str, claim: str) -> int:
         """Count one delivery of a batch attempt; more than one is a duplicate delivery."""
