@@ -9,10 +9,10 @@ Its id is deterministic (``RUN-bNNNNN``), and every attempt is claimed as
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from os.path import commonpath
 from typing import Any, Protocol
 
 from digest_cleanup.errors import PoisonMessage
@@ -66,7 +66,8 @@ class BatchPayload:
         """Encode for the wire, folding the items' common prefix."""
         data = dataclasses.asdict(self)
         items = data.pop("items")
-        base = commonpath(list(items)) if len(items) > 1 else ""
+        # Character-wise on purpose: keys share more than whole path segments.
+        base = os.path.commonprefix(items) if len(items) > 1 else ""  # noqa: RUF071
         data["base"] = base
         data["rest"] = [i[len(base) :] for i in items]
         return {k: v for k, v in data.items() if v not in ({}, "") or k in ("base",)}

@@ -59,7 +59,7 @@ if moved > 0 and n > 0 and redis.call('EXISTS', run) == 1 then
   redis.call('HINCRBY', run, 'dead_lettered', -n)
   redis.call('HINCRBY', run, 'inflight', 1)
   redis.call('HSET', run, 'status', 'running', 'last_redrive_at', now)
-  redis.call('HDEL', run, 'ended_at', 'reason', 'message')
+  redis.call('HDEL', run, 'ended_at', 'reason', 'message', 'finalized_at')
   redis.call('ZADD', pending, now_epoch, batch)
 end
 return moved

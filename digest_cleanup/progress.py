@@ -15,6 +15,8 @@ from digest_cleanup.runs import RunStore, RunView
 
 #: Seconds between polls of the run store.
 POLL_SECONDS = 0.5
+#: How long a waiter allows, after the final status, for the run's report to be written.
+FINALIZE_GRACE_SECONDS = 15.0
 
 
 def wait(
@@ -28,6 +30,7 @@ def wait(
     """Poll until the run is finished (or ``timeout``), drawing progress if ``show``."""
     stream = stream or sys.stderr
     deadline = None if timeout is None else time.monotonic() + timeout
+    settled: float | None = None
     draw: Callable[[RunView], None] | None = None
     close: Callable[[], None] = lambda: None  # noqa: E731 - a no-op default
     if show:
@@ -37,8 +40,13 @@ def wait(
             run = store.get(run_id)
             if draw:
                 draw(run)
-            if run.finished or (deadline is not None and time.monotonic() > deadline):
+            if deadline is not None and time.monotonic() > deadline:
                 return run
+            if run.finished:
+                # The report is written just after the final status; give it a moment.
+                settled = settled or time.monotonic() + FINALIZE_GRACE_SECONDS
+                if run.fields.get("finalized_at") or time.monotonic() > settled:
+                    return run
             time.sleep(POLL_SECONDS)
     finally:
         close()

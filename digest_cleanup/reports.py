@@ -40,8 +40,9 @@ def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:
     summary["not_deleted_count"] = len(not_deleted)
     url = write_report(runtime, target, run_id, summary, not_deleted)
     if url:
-        store.update(run_id, report_url=url)
         summary["report_url"] = url
+    # Written last: waiters treat a run as done once its report is out too.
+    store.update(run_id, report_url=url or "", finalized_at=now_iso())
     store.expire(run_id)
     log_event(
         logger,
@@ -53,6 +54,8 @@ def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:
         deleted=summary["deleted"],
         dead_lettered=summary["dead_lettered"],
         skipped=summary["skipped"],
+        reason=summary.get("reason", "-"),
+        dry_run=summary.get("dry_run", False),
         report=url or "-",
     )
     return summary

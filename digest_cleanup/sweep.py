@@ -28,6 +28,7 @@ from typing import Any, Literal
 from digest_cleanup.batches import BatchPayload, batch_id
 from digest_cleanup.kinds import TargetKind
 from digest_cleanup.logs import log_event
+from digest_cleanup.reports import finish_run
 from digest_cleanup.runs import now_iso
 from digest_cleanup.runtime import Runtime
 from digest_cleanup.targets import Target
@@ -132,16 +133,7 @@ def _guard(
             )
             store.update(run_id, listed=cp.guard_listed, expired_seen=cp.guard_expired)
             store.fail(run_id, "max_delete_exceeded", message)
-            log_event(
-                logger,
-                "run",
-                runtime.settings,
-                level=logging.WARNING,
-                run_id=run_id,
-                status="failed",
-                reason="max_delete_exceeded",
-                expired_seen=cp.guard_expired,
-            )
+            finish_run(runtime, run_id)
             return False
         if time.monotonic() > deadline:
             store.save_checkpoint(run_id, dataclasses.asdict(cp), [])
@@ -156,16 +148,7 @@ def _guard(
             status="complete",
             ended_at=now_iso(),
         )
-        log_event(
-            logger,
-            "run",
-            runtime.settings,
-            run_id=run_id,
-            status="complete",
-            dry_run=True,
-            listed=cp.guard_listed,
-            expired=cp.guard_expired,
-        )
+        finish_run(runtime, run_id)
         return True
     log_event(
         logger,
@@ -217,8 +200,6 @@ def _publish(
         batches=cp.seq,
     )
     if result == "finished":
-        from digest_cleanup.reports import finish_run
-
         finish_run(runtime, run_id)
     return "done"
 

@@ -32,7 +32,7 @@ import yaml
 
 from digest_cleanup.settings import DEFAULT_VISIBILITY_TIMEOUT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 COMPOSE = ROOT / "compose"
 SUPERVISOR_CONF = DEPLOY / "supervisor" / "digest-cleanup.conf"
