@@ -22,6 +22,7 @@ import getpass
 import json
 import socket
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -143,6 +144,9 @@ def make_entry(
     """The dead-letter entry for the failed items of one attempt: a ready-made redrive."""
     now = _iso_now()
     errors = {item: [r.code, r.message[:500]] for item, r in dead.items()}
+    if not message:
+        counts = Counter(r.code for r in dead.values())
+        message = ", ".join(f"{code} x{n}" for code, n in counts.most_common())
     entry_id = f"dl-{payload.batch_id}-g{payload.generation}a{payload.attempt}"
     return dataclasses.replace(
         payload,
