@@ -36,7 +36,7 @@ COUNTERS = (
     "inflight",
 )
 #: Plain fields that hold whole numbers.
-INT_FIELDS = frozenset({"batch_size", "max_delete", "expired_seen"})
+INT_FIELDS = frozenset({"batch_size", "max_delete", "expired_seen", "sweep_errors"})
 #: Statuses a run can be in; the last three are final until a redrive reopens it.
 Status = Literal["running", "complete", "complete_with_failures", "failed"]
 FINAL_STATUSES = frozenset({"complete", "complete_with_failures", "failed"})

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
-from digest_cleanup.batches import BatchPayload, batch_id
+from digest_cleanup.batches import BatchPayload, backoff, batch_id
+from digest_cleanup.errors import ItemError, PermanentError
 from digest_cleanup.kinds import TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.reports import finish_run
@@ -323,3 +324,38 @@ def _stalled(runtime: Runtime, fields: Any) -> bool:
         now_iso().replace("Z", "+00:00")
     )
     return -age.total_seconds() > runtime.settings.visibility_timeout + SLICE_SECONDS
+
+
+def on_slice_error(runtime: Runtime, run_id: str, exc: Exception) -> float | None:
+    """Decide what a failed sweep slice does: seconds until the slice is retried, or None.
+
+    A permanent listing error (no such bucket, access denied on ListBucket) fails the
+    run at once with ``listing_failed``; nothing has been deleted that should not have
+    been, and the message says what to fix.  Anything else is retried with the same
+    backoff as batches, and fails the run once the retry budget is spent.
+    """
+    store = runtime.store
+    settings = runtime.settings
+    if isinstance(exc, ItemError):
+        detail = f"{exc.code}: {exc.message}"
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, PermanentError):
+        errors = store.redis.hincrby(store.run_key(run_id), "sweep_errors", 1)
+        if errors <= settings.max_retries:
+            retry_after = exc.retry_after if isinstance(exc, ItemError) else None
+            countdown = backoff(errors - 1, settings, retry_after)
+            log_event(
+                logger,
+                "sweep",
+                settings,
+                level=logging.WARNING,
+                run_id=run_id,
+                error=detail,
+                retry_in=round(countdown, 2),
+                attempt=errors,
+            )
+            return countdown
+    store.fail(run_id, "listing_failed", f"listing the target failed: {detail}")
+    finish_run(runtime, run_id)
+    return None

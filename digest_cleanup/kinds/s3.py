@@ -126,9 +126,14 @@ class S3Kind(TargetKind):
         return bool(self.options.versions == "all")
 
     def scan(self, cutoff: datetime, start_after: str | None = None) -> Iterator[Page]:
-        if self._all_versions:
-            yield from self._scan_versions(cutoff, start_after)
-            return
+        # Listing errors reach the sweep as TransientError or PermanentError.
+        with _mapped_errors():
+            if self._all_versions:
+                yield from self._scan_versions(cutoff, start_after)
+            else:
+                yield from self._scan_current(cutoff, start_after)
+
+    def _scan_current(self, cutoff: datetime, start_after: str | None) -> Iterator[Page]:
         params: dict[str, Any] = {
             "Bucket": self.options.bucket,
             "Prefix": self.options.prefix,

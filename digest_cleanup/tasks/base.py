@@ -42,10 +42,10 @@ class CleanupTask(Task):  # type: ignore[misc]  # celery ships no type informati
             kwargsrepr=HIDDEN_KWARGS,
         )
 
-    def enqueue_sweep(self, run_id: str) -> None:
-        enqueue_sweep(self.app, run_id)
+    def enqueue_sweep(self, run_id: str, countdown: float | None = None) -> None:
+        enqueue_sweep(self.app, run_id, countdown)
 
 
-def enqueue_sweep(app: Any, run_id: str) -> None:
+def enqueue_sweep(app: Any, run_id: str, countdown: float | None = None) -> None:
     """Publish one sweep slice for ``run_id``."""
-    app.send_task("digest_cleanup.sweep", args=[run_id], queue=SWEEP_QUEUE)
+    app.send_task("digest_cleanup.sweep", args=[run_id], queue=SWEEP_QUEUE, countdown=countdown)

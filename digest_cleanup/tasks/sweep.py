@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import redis
 from celery import shared_task
+from celery.exceptions import Reject
 
-from digest_cleanup.sweep import start, sweep_slice
+from digest_cleanup.sweep import on_slice_error, start, sweep_slice
 from digest_cleanup.targets import CATCH_UP_WINDOW, utcnow
 from digest_cleanup.tasks.base import CleanupTask
 
@@ -18,7 +20,17 @@ SLOT_CLAIM_SECONDS = int(CATCH_UP_WINDOW.total_seconds()) + 86_400
 @shared_task(bind=True, base=CleanupTask, name="digest_cleanup.sweep")
 def sweep(self: CleanupTask, run_id: str) -> dict[str, Any]:
     """Advance a run's sweep by one slice, and enqueue the next slice if needed."""
-    result = sweep_slice(self.runtime, run_id, self.publish_batch)
+    try:
+        result = sweep_slice(self.runtime, run_id, self.publish_batch)
+    except redis.RedisError as exc:
+        # The run store is unreachable: nothing can be decided, so hand the slice back.
+        raise Reject(f"run store unavailable: {exc}", requeue=True) from exc
+    except Exception as exc:  # every listing failure must end in a decision, not a stuck run
+        countdown = on_slice_error(self.runtime, run_id, exc)
+        if countdown is None:
+            return {"run_id": run_id, "result": "failed"}
+        self.enqueue_sweep(run_id, countdown=countdown)
+        return {"run_id": run_id, "result": "retrying", "countdown": countdown}
     if result == "continue":
         self.enqueue_sweep(run_id)
     return {"run_id": run_id, "result": result}

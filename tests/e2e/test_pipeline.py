@@ -149,3 +149,35 @@ def _send(stack: Any, payload: BatchPayload) -> None:
 
     app = create_app(Settings.from_env(stack.env))
     app.send_task("digest_cleanup.delete_batch", kwargs=payload.to_message(), queue="batches")
+
+
+def test_a_listing_that_cannot_work_fails_the_run_and_says_why(make_stack):
+    # Given a target whose bucket does not exist
+    stack = make_stack(s3_targets("no-such-bucket-anywhere"))
+    stack.worker(concurrency=1)
+
+    # When it runs
+    result = stack.cli("run", "statements", "--wait", "--json", "--timeout", "60")
+
+    # Then the run fails at once with the listing error, instead of hanging
+    assert result.code == 3, result
+    run = result.json()
+    assert run["status"] == "failed"
+    assert run["reason"] == "listing_failed"
+    assert "NoSuchBucket" in run["message"]
+
+
+def test_a_listing_interrupted_by_an_outage_is_retried(make_stack, s3, bucket, proxy):
+    # Given S3 is unreachable when the sweep starts
+    cutoff = seed_split(s3, bucket, EXPIRED[:600], [])
+    stack = make_stack(s3_targets(bucket), env={"CLEANUP_MAX_RETRIES": "20"})
+    stack.worker(concurrency=1)
+    proxy.down_for(3)
+
+    # When the run is waited for
+    result = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json")
+
+    # Then the sweep retried its slice and the run completed
+    assert result.code == 0, result
+    assert result.json()["deleted"] == 600
+    assert stack.cli("status", result.json()["run_id"], "--json").json()["sweep_errors"] >= 1
