@@ -103,6 +103,7 @@ def test_slowdown_is_retried_with_backoff_until_deleted(make_stack, s3, bucket, 
     assert run["deleted"] == 1500
     assert run["dead_lettered"] == 0
     assert run["retries"] > 0
+    assert run["duplicates"] == 0  # a retry acknowledges its message: nothing is redelivered
     assert proxy.faults_injected["slowdown"] > 0
     status = stack.cli("status", run["run_id"], "--json").json()
     assert status["retries_by_code"]["SlowDown"] >= run["retries"]
