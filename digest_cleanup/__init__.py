@@ -7,6 +7,7 @@ configuration; the Celery commands stop at start-up with a one-line reason.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
@@ -24,8 +25,10 @@ def default_app() -> Any:
         settings = Settings.from_env()
         targets = load_targets(settings.targets_file)
     except ConfigError as exc:
-        # SystemExit passes through Celery's app loader: one line, no traceback.
-        raise SystemExit(f"digest-cleanup: configuration error: {exc}") from None
+        # SystemExit passes through Celery's app loader: one line, no traceback, and
+        # status 2 as the CLI gives for the same mistake.
+        print(f"digest-cleanup: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     app = create_app(settings, targets)
     app.conf.beat_schedule = build_schedule(targets)
     return app

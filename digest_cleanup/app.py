@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from celery import Celery, signals
 from kombu.entity import Queue
 
+from digest_cleanup import broker
 from digest_cleanup.dead_letter import DeadLetterQueue
 from digest_cleanup.runtime import Runtime
 from digest_cleanup.settings import Settings
@@ -63,6 +65,10 @@ def create_app(settings: Settings | None = None, targets: Targets | None = None)
             "unacked_restore_interval": min(UNACKED_RESTORE_INTERVAL, settings.visibility_timeout),
             "unacked_restore_throttle": 1,
         },
+        # rediss:// verifies the server's certificate, as the run store's client does.
+        broker_use_ssl=broker.ssl_options(settings.broker_url),
+        # A worker checks the broker itself before starting (see _check_broker); a
+        # connection lost later is retried by Celery.
         broker_connection_retry_on_startup=True,
         # A task whose connection dropped cannot acknowledge; stop it rather
         # than let it finish and have its message delivered again anyway.
@@ -104,11 +110,31 @@ def _after_fork(**_: Any) -> None:
         runtime.after_fork()
 
 
+@signals.worker_init.connect
+@signals.beat_init.connect
+def _check_broker(sender: Any = None, **_: Any) -> None:
+    # Celery would retry an unreachable broker for ever, an error line every few
+    # seconds; exit with one line instead and let the supervisor restart us.
+    runtime = getattr(getattr(sender, "app", None), "digest_cleanup_runtime", None)
+    if runtime is None:  # not a digest-cleanup app (an embedded test worker, say)
+        return
+    problem = broker.unreachable(runtime.settings)
+    if problem is not None:
+        print(f"digest-cleanup: error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 @signals.after_setup_logger.connect
 @signals.after_setup_task_logger.connect
 def _setup_logging(logger: logging.Logger, **_: Any) -> None:
     from celery import current_app
 
-    from digest_cleanup.logs import install
+    from digest_cleanup.errors import ConfigError
+    from digest_cleanup.logs import install, item_prefixes
 
-    install(logger, runtime_of(current_app).settings)
+    runtime = runtime_of(current_app)
+    try:
+        prefixes = item_prefixes(runtime.targets)
+    except ConfigError:
+        prefixes = []  # the worker stops on the same error with a clearer message
+    install(logger, runtime.settings, prefixes)

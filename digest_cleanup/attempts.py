@@ -49,6 +49,19 @@ def process(runtime: Runtime, raw: Any, task_id: str, publisher: Publisher) -> B
     store = runtime.store
     settings = runtime.settings
     deliveries = store.count_delivery(payload.run_id, payload.claim)
+    if deliveries > 1 and store.is_recorded(payload.run_id, payload.claim):
+        # The recorded attempt already deleted and sent its follow-ups; sending them
+        # again would start a second retry chain, or dead-letter keys that are gone.
+        report = BatchReport(
+            status="duplicate",
+            batch_id=payload.batch_id,
+            run_id=payload.run_id,
+            target=payload.target,
+            recorded="duplicate",
+        )
+        log_event(logger, "batch", settings, **report.as_dict(), seq=payload.seq,
+                  attempt=payload.attempt, generation=payload.generation)  # fmt: skip
+        return report
     if deliveries > settings.max_deliveries:
         dead = {
             i: ItemResult(i, Outcome.PERMANENT, "worker_lost", f"{deliveries - 1} deliveries died")
@@ -169,6 +182,7 @@ def _follow_up_and_record(
             skipped=decided.skipped,
             retries=1 if decided.retry else 0,
             codes=decided.codes(),
+            retried_codes=sorted({r.code for r in decided.retry.values()}),
             terminal=not decided.retry,
             first_generation=payload.generation == 0,
             latency=latency,

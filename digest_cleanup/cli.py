@@ -19,6 +19,7 @@ from typing import Any
 
 import redis
 
+from digest_cleanup.broker import safe_url
 from digest_cleanup.errors import CleanupError, UsageError
 from digest_cleanup.settings import Settings
 
@@ -52,7 +53,7 @@ class Context:
             self.runtime.redis.ping()
         except redis.RedisError as exc:
             raise CleanupError(
-                f"cannot reach Redis at CLEANUP_BROKER_URL={_safe_url(self.settings.broker_url)}: "
+                f"cannot reach Redis at CLEANUP_BROKER_URL={safe_url(self.settings.broker_url)}: "
                 f"{exc}; start Redis or fix CLEANUP_BROKER_URL"
             ) from None
 
@@ -114,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("verify", cmd_verify, "count expired items still present; exit 1 if any")
     p.add_argument("target")
     p.add_argument("--cutoff", help="ISO 8601; default now minus retention_days")
+
+    from digest_cleanup import cli_metrics
+
+    p = add("metrics", cli_metrics.cmd_metrics, "serve Prometheus metrics read from the run store")
+    cli_metrics.add_arguments(p)
 
     dlq = sub.add_parser("dlq", help="list, show, redrive and purge dead letters")
     dsub = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
@@ -330,13 +336,3 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
-
-
-def _safe_url(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url

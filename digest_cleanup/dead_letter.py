@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 
-from digest_cleanup.batches import BatchPayload
+from digest_cleanup.batches import MAX_ITEM_LENGTH, BatchPayload
 from digest_cleanup.errors import DeadLetterError
 from digest_cleanup.kinds import ItemResult
 
@@ -173,7 +173,8 @@ def make_poison_entry(task_id: str, raw: Any, reason: str, message: str) -> dict
     raw_map: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     rest: list[Any] = raw_map["rest"] if isinstance(raw_map.get("rest"), list) else []
     base: str = raw_map["base"] if isinstance(raw_map.get("base"), str) else ""
-    items = [base + r for r in rest[:POISON_ITEMS_KEPT] if isinstance(r, str)]
+    # Clipped: a forged message may carry megabytes per item, and the entry must stay small.
+    items = [_clip(base, r) for r in rest[:POISON_ITEMS_KEPT] if isinstance(r, str)]
     now = _iso_now()
     return {
         "run_id": str(raw_map.get("run_id", ""))[:200],
@@ -335,6 +336,16 @@ def _decode(raw: bytes | str) -> Entry | None:
         payload = None
     return Entry(
         id=entry_id, payload=payload, raw_kwargs=kwargs if isinstance(kwargs, dict) else {}
+    )
+
+
+def _clip(base: str, rest: str) -> str:
+    """``base + rest`` cut to :data:`MAX_ITEM_LENGTH`, without building the whole string."""
+    if len(base) + len(rest) <= MAX_ITEM_LENGTH:
+        return base + rest
+    whole = len(base) + len(rest)
+    return (base[:MAX_ITEM_LENGTH] + rest[:MAX_ITEM_LENGTH])[:MAX_ITEM_LENGTH] + (
+        f"...({whole} characters)"
     )
 
 

@@ -1,8 +1,13 @@
 """Structured logs: one line per batch outcome and per run transition.
 
-``CLEANUP_LOG_FORMAT=json`` turns every line into a JSON object.  Item keys are
-only ever logged through :func:`redact`, which hashes the configured customer
-segment (``CLEANUP_LOG_HASH_SEGMENT``), and known secrets are masked in any line.
+``CLEANUP_LOG_FORMAT=json`` turns every line into a JSON object.  Whatever
+produced a line (our events, Celery, botocore), :func:`install` makes it safe
+before it reaches a handler's stream:
+
+* known secrets (AWS keys, the Redis password) are masked as ``***``;
+* anything that looks like an item of a configured target (it starts with the
+  target's prefix) has its customer segment hashed, see :func:`redact`;
+* loggers that dump whole S3 requests and responses at DEBUG are held at INFO.
 """
 
 from __future__ import annotations
@@ -10,26 +15,71 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote, unquote
 
 from digest_cleanup.settings import Settings
 
 #: Hex digits kept from the SHA-256 of a customer segment: enough to correlate
 #: lines about one customer, too few to be a lookup key on their own.
 HASH_DIGITS = 12
+#: Loggers held at INFO even in a worker started with ``--loglevel=DEBUG``: their
+#: DEBUG lines carry whole S3 requests and responses (every key of a batch, listing
+#: pages, continuation tokens that are keys, signing headers).
+QUIET_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
+#: Characters that end an item found inside free text: whitespace, quotes, the
+#: delimiters of Python reprs, XML and URLs.
+_ITEM_END = r"\s'\"<>,;&|(){}\[\]"
 
 
 def redact(item: str, settings: Settings) -> str:
-    """Hash the customer segment: ``s/2026-11-22/cust-42.pdf`` -> ``s/2026-11-22/h:1f2e...``."""
-    index = settings.log_hash_segment
-    if index is None:
-        return item
+    """Hash the customer segment: ``s/2026-11-22/cust-42.pdf`` -> ``s/2026-11-22/h:1f2e...``.
+
+    The segment is ``CLEANUP_LOG_HASH_SEGMENT`` (0-based, ``/``-separated); unset,
+    it is the last one, the file name, where digest keys carry the customer.
+    """
     parts = item.split("/")
-    if index < len(parts) and parts[index]:
+    index = len(parts) - 1 if settings.log_hash_segment is None else settings.log_hash_segment
+    if index < len(parts) and parts[index] and not parts[index].startswith("h:"):
         digest = hashlib.sha256(parts[index].encode()).hexdigest()[:HASH_DIGITS]
         parts[index] = f"h:{digest}"
     return "/".join(parts)
+
+
+class Scrubber:
+    """Masks secrets and redacts items in any text, such as a formatted log record."""
+
+    def __init__(self, settings: Settings, prefixes: Iterable[str] = ()) -> None:
+        self.settings = settings
+        self.secrets = _variants(settings.secrets())
+        alternatives: set[str] = set()
+        for prefix in prefixes:
+            if prefix:
+                # URL-encoded too: request lines and query strings carry keys that way.
+                alternatives.update({prefix, quote(prefix, safe="")})
+        # Longest first, so one prefix that extends another wins the match.
+        ordered = sorted(alternatives, key=len, reverse=True)
+        self.items = (
+            re.compile("(?:" + "|".join(map(re.escape, ordered)) + f")[^{_ITEM_END}]*")
+            if ordered
+            else None
+        )
+
+    def __call__(self, text: str) -> str:
+        if self.items is not None:
+            text = self.items.sub(self._redact_match, text)
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _redact_match(self, match: re.Match[str]) -> str:
+        token = match.group(0)
+        if "/" not in token and "%2f" in token.lower():
+            return quote(redact(unquote(token), self.settings), safe="")
+        return redact(token, self.settings)
 
 
 def log_event(
@@ -48,15 +98,12 @@ def log_event(
 class JsonFormatter(logging.Formatter):
     """One JSON object per line, with the structured fields at the top level."""
 
-    def __init__(self, secrets: list[str] | None = None) -> None:
-        super().__init__()
-        self.secrets = [s for s in (secrets or []) if s]
-
     def format(self, record: logging.LogRecord) -> str:
         data: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
+            "process": record.processName,
         }
         event = getattr(record, "dc_event", None)
         if event:
@@ -66,38 +113,57 @@ class JsonFormatter(logging.Formatter):
             data["message"] = record.getMessage()
         if record.exc_info:
             data["exc"] = self.formatException(record.exc_info)
-        return mask(json.dumps(data, default=str), self.secrets)
+        if record.stack_info:
+            data["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(data, default=str)
 
 
-class SecretMaskingFilter(logging.Filter):
-    """Masks known secrets in any text line, whatever produced it."""
+class SafeFormatter(logging.Formatter):
+    """Formats with an inner formatter, then scrubs the whole result (tracebacks too)."""
 
-    def __init__(self, secrets: list[str]) -> None:
+    def __init__(self, inner: logging.Formatter, scrub: Scrubber) -> None:
         super().__init__()
-        self.secrets = [s for s in secrets if s]
+        self.inner = inner
+        self.scrub = scrub
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
-            message = record.getMessage()
-            masked = mask(message, self.secrets)
-            if masked != message:
-                record.msg, record.args = masked, None
-        return True
+    def format(self, record: logging.LogRecord) -> str:
+        return self.scrub(self.inner.format(record))
 
 
-def mask(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
+def install(logger: logging.Logger, settings: Settings, prefixes: Iterable[str] = ()) -> None:
+    """Apply the configured format and scrubbing to ``logger``'s handlers.
 
-
-def install(logger: logging.Logger, settings: Settings) -> None:
-    """Apply the configured format and secret masking to ``logger``'s handlers."""
-    secrets = settings.secrets()
+    ``prefixes`` are the configured targets' item prefixes (see :func:`item_prefixes`).
+    Safe to call again: a handler is never wrapped twice.
+    """
+    scrub = Scrubber(settings, prefixes)
     for handler in logger.handlers:
+        current = handler.formatter
+        inner = current.inner if isinstance(current, SafeFormatter) else current
         if settings.log_format == "json":
-            handler.setFormatter(JsonFormatter(secrets))
-        handler.addFilter(SecretMaskingFilter(secrets))
+            inner = JsonFormatter()
+        handler.setFormatter(SafeFormatter(inner or logging.Formatter(), scrub))
+    for name in QUIET_LOGGERS:
+        quiet = logging.getLogger(name)
+        if quiet.getEffectiveLevel() < logging.INFO:
+            quiet.setLevel(logging.INFO)
+
+
+def item_prefixes(targets: Iterable[Any]) -> list[str]:
+    """The item prefix of each target whose kind has one (an S3 target's ``prefix``)."""
+    return [p for t in targets if isinstance(p := getattr(t.options, "prefix", None), str) and p]
+
+
+def _variants(secrets: Iterable[str]) -> list[str]:
+    """Each secret as it may be written: raw, URL-quoted or unquoted, JSON-escaped."""
+    found: set[str] = set()
+    for secret in secrets:
+        if secret:
+            found.update(
+                {secret, unquote(secret), quote(secret, safe=""), json.dumps(secret)[1:-1]}
+            )
+    # Longest first, so a secret that contains another is masked whole.
+    return sorted((s for s in found if s), key=len, reverse=True)
 
 
 def _text(value: Any) -> str:

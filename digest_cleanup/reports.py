@@ -1,17 +1,17 @@
 """What happens when a run ends: the audit report, the target's last success, the log line.
 
-The report goes to ``CLEANUP_AUDIT_URL`` (``s3://bucket/prefix/``) as
-``TARGET/RUN_ID/summary.json`` plus ``TARGET/RUN_ID/not_deleted.jsonl``, one line
-for every item that was not deleted and why.  It is the durable record: Redis
-state ages out, and a Redis restart may lose it sooner.
+The report (a summary, plus one line for every item that was not deleted and
+why) goes to the audit location, see :mod:`digest_cleanup.audit`.  It is the
+durable record: Redis state ages out, and a Redis restart may lose it sooner.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+from datetime import datetime
 from typing import Any
 
+from digest_cleanup import audit
 from digest_cleanup.logs import log_event
 from digest_cleanup.runs import now_iso
 from digest_cleanup.runtime import Runtime
@@ -38,7 +38,7 @@ def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:
     }
     not_deleted = list(_not_deleted(runtime, run_id))
     summary["not_deleted_count"] = len(not_deleted)
-    url = write_report(runtime, target, run_id, summary, not_deleted)
+    url = audit.write_report(runtime.settings, target, run_id, summary, not_deleted)
     if url:
         summary["report_url"] = url
     # Written last: waiters treat a run as done once its report is out too.
@@ -54,11 +54,22 @@ def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:
         deleted=summary["deleted"],
         dead_lettered=summary["dead_lettered"],
         skipped=summary["skipped"],
+        duration=_duration(summary),
         reason=summary.get("reason", "-"),
         dry_run=summary.get("dry_run", False),
         report=url or "-",
     )
     return summary
+
+
+def _duration(summary: dict[str, Any]) -> float | str:
+    """Seconds from the run's creation to its end, for the log line; ``-`` if unknown."""
+    try:
+        start = datetime.fromisoformat(summary["created_at"].replace("Z", "+00:00"))
+        end = datetime.fromisoformat(summary["ended_at"].replace("Z", "+00:00"))
+    except (KeyError, ValueError):
+        return "-"
+    return round((end - start).total_seconds(), 3)
 
 
 def _not_deleted(runtime: Runtime, run_id: str) -> Any:
@@ -76,32 +87,3 @@ def _not_deleted(runtime: Runtime, run_id: str) -> Any:
                 "reason": data["reason"],
                 "entry_id": data["id"],
             }
-
-
-def write_report(
-    runtime: Runtime, target: str, run_id: str, summary: dict[str, Any], rows: list[dict[str, Any]]
-) -> str | None:
-    """Put the report objects under the audit URL; returns its location, or None if unset."""
-    audit = runtime.settings.audit_url
-    if not audit:
-        return None
-    from digest_cleanup.kinds.s3 import make_client
-
-    bucket, _, prefix = audit.removeprefix("s3://").partition("/")
-    if prefix and not prefix.endswith("/"):
-        prefix += "/"
-    base = f"{prefix}{target}/{run_id}/"
-    client = make_client(runtime.settings, max_attempts=5)
-    client.put_object(
-        Bucket=bucket,
-        Key=base + "summary.json",
-        Body=json.dumps(summary, indent=2, sort_keys=True).encode(),
-        ContentType="application/json",
-    )
-    client.put_object(
-        Bucket=bucket,
-        Key=base + "not_deleted.jsonl",
-        Body="".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode(),
-        ContentType="application/x-ndjson",
-    )
-    return f"s3://{bucket}/{base}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -42,6 +42,16 @@ Status = Literal["running", "complete", "complete_with_failures", "failed"]
 FINAL_STATUSES = frozenset({"complete", "complete_with_failures", "failed"})
 #: How long a finished run's state stays in Redis; the audit report is the durable record.
 RUN_TTL_SECONDS = 35 * 24 * 3600
+#: The keys of one run's state: its hash (no suffix) and the ``run:ID:SUFFIX`` keys.
+RUN_KEY_SUFFIXES = (
+    "",
+    "checkpoint",
+    "claims",
+    "pending",
+    "retry_codes",
+    "retried_codes",
+    "deliveries",
+)
 #: Upper bounds (seconds) of the enqueue-to-acknowledgement latency histogram.
 LATENCY_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 
@@ -113,6 +123,7 @@ redis.call('HINCRBY', run, 'skipped', r.skipped)
 redis.call('HINCRBY', run, 'retries', r.retries)
 redis.call('HSET', run, 'last_batch_at', ARGV[3])
 for code, n in pairs(r.codes) do redis.call('HINCRBY', codes, code, n) end
+for _, code in ipairs(r.retried) do redis.call('HINCRBY', KEYS[7], code, 1) end
 if r.bucket ~= '' then
   redis.call('HINCRBY', hist, r.bucket, 1)
   redis.call('HINCRBY', hist, 'count', 1)
@@ -160,8 +171,10 @@ class BatchRecord:
     skipped: int = 0
     #: 1 when this attempt published a retry for some of its items.
     retries: int = 0
-    #: Failing items by error code, for the retries-by-code metric.
+    #: Failing items by error code (retried or dead-lettered).
     codes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: Error codes of the items this attempt retried, for the retries-by-code metric.
+    retried_codes: Sequence[str] = ()
     #: True when nothing of this batch is left in flight after this attempt.
     terminal: bool = True
     #: False for a redriven batch, which must not count as another batch done.
@@ -300,6 +313,7 @@ class RunStore:
             "skipped": rec.skipped,
             "retries": rec.retries,
             "codes": dict(rec.codes),
+            "retried": sorted(set(rec.retried_codes)),
             "terminal": rec.terminal,
             "first_generation": rec.first_generation,
             "bucket": bucket,
@@ -316,6 +330,7 @@ class RunStore:
                 self.run_key(run_id, "retry_codes"),
                 self.key("latency", target),
                 self.key("timings", target),
+                self.run_key(run_id, "retried_codes"),
             ],
             args=[rec.claim, json.dumps(payload), now_iso()],
         )
@@ -346,6 +361,15 @@ class RunStore:
         raw = self.redis.hgetall(self.run_key(run_id, "retry_codes"))
         return {_text(k): int(v) for k, v in raw.items()}
 
+    def retried_codes(self, run_id: str) -> dict[str, int]:
+        """Batch attempts that published a retry, by the error code of the retried items."""
+        raw = self.redis.hgetall(self.run_key(run_id, "retried_codes"))
+        return {_text(k): int(v) for k, v in raw.items()}
+
+    def is_recorded(self, run_id: str, claim: str) -> bool:
+        """True when an attempt with this claim has already been recorded."""
+        return bool(self.redis.sismember(self.run_key(run_id, "claims"), claim))
+
     def is_pending(self, run_id: str, batch_id: str) -> bool:
         """True when the sweep published ``batch_id`` for this run and it has not ended."""
         return self.redis.zscore(self.run_key(run_id, "pending"), batch_id) is not None
@@ -359,17 +383,12 @@ class RunStore:
 
     def reset(self, run_id: str) -> None:
         """Forget a run entirely, so the same run id can start over."""
-        self.redis.delete(
-            *(
-                self.run_key(run_id, s)
-                for s in ("", "checkpoint", "claims", "pending", "retry_codes", "deliveries")
-            )
-        )
+        self.redis.delete(*(self.run_key(run_id, s) for s in RUN_KEY_SUFFIXES))
 
     def expire(self, run_id: str) -> None:
         """Let a finished run's state age out of Redis."""
         pipe = self.redis.pipeline()
-        for suffix in ("", "checkpoint", "claims", "pending", "retry_codes", "deliveries"):
+        for suffix in RUN_KEY_SUFFIXES:
             pipe.expire(self.run_key(run_id, suffix), RUN_TTL_SECONDS)
         pipe.execute()
 

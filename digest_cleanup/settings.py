@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from digest_cleanup.errors import SettingsError
 
@@ -133,11 +134,47 @@ class Settings:
         return settings
 
     def secrets(self) -> list[str]:
-        """Values that must never appear in logs, CLI output or dead-letter entries."""
+        """Values that must never appear in logs, CLI output or dead-letter entries.
+
+        Besides the AWS keys and the broker's password, these are the passwords of
+        every connection string in the environment.  A target names the variable
+        holding its DSN (``dsn_env``), so any variable may hold one; looking at the
+        values keeps this module free of knowledge about targets.
+        """
         found = [self.aws_secret_access_key, self.aws_session_token, self.aws_access_key_id]
-        password = urlsplit(self.broker_url).password
-        found.append(password)
-        return [s for s in found if s]
+        found.append(urlsplit(self.broker_url).password)
+        for value in self.env.values():
+            found.extend(connection_passwords(value))
+        # Longest first, so a secret that contains another is masked whole.
+        return sorted({s for s in found if s}, key=len, reverse=True)
+
+
+#: libpq's keyword form: ``password=secret`` or ``password='it\'s'``.
+_CONNINFO_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s']+)")
+
+
+def connection_passwords(value: str) -> list[str]:
+    """The passwords in a connection string.
+
+    It reads a URL's user info and its ``password`` query parameter
+    (``postgresql://user:pw@host/db``, ``redis://:pw@host``), and libpq's
+    keyword form (``host=db password='p w'``).  A URL's password is returned both
+    as written and percent-decoded, since either form may reach a log line.
+    """
+    found: list[str] = []
+    if "://" in value:
+        try:
+            parts = urlsplit(value)
+            query = parse_qs(parts.query)
+        except ValueError:  # not a URL after all
+            parts, query = None, {}
+        if parts is not None and parts.password:
+            found.extend(dict.fromkeys((parts.password, unquote(parts.password))))
+        found.extend(query.get("password", []))
+    for match in _CONNINFO_PASSWORD.finditer(value):
+        raw = match.group(1)
+        found.append(re.sub(r"\\(.)", r"\1", raw[1:-1]) if raw.startswith("'") else raw)
+    return [s for s in found if s]
 
 
 def _check_broker_url(url: str) -> None:

@@ -161,6 +161,8 @@ def _guard(
         forced=forced,
     )
     cp.phase, cp.cursor = "publish", None
+    # The guard's count is the best estimate of the run's size while it streams.
+    store.update(run_id, expired_seen=cp.guard_expired)
     store.save_checkpoint(run_id, dataclasses.asdict(cp), [])
     return True
 
@@ -175,8 +177,12 @@ def _publish(
     deadline: float,
     publish: Publish,
 ) -> SliceResult:
-    for seq, items in cp.outbox:  # batches a crashed slice may not have sent
-        publish(_payload(run_id, target, cutoff, seq, items))
+    if cp.outbox:  # batches a crashed slice may not have sent
+        for seq, items in cp.outbox:
+            publish(_payload(run_id, target, cutoff, seq, items))
+        # Sent: a slice that now fails listing (and is retried) must not send them again.
+        cp.outbox = []
+        runtime.store.save_checkpoint(run_id, dataclasses.asdict(cp), [])
     for page in kind.scan(cutoff, start_after=cp.cursor):
         cp.listed += page.scanned
         cp.expired += len(page.expired)

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
 import boto3
+import botocore.handlers
 import botocore.session
 from botocore.config import Config
 from botocore.exceptions import (
@@ -28,6 +29,7 @@ from botocore.exceptions import (
 )
 
 from digest_cleanup.errors import PermanentError, TargetsFileError, TransientError
+from digest_cleanup.kinds import s3_listing
 from digest_cleanup.kinds.base import ItemResult, Outcome, Page, TargetKind, parse_dataclass
 from digest_cleanup.settings import Settings
 
@@ -277,7 +279,9 @@ def make_client(settings: Settings, *, max_attempts: int = 1) -> Any:
     """An S3 client for these settings.
 
     Retries are the pipeline's job (task-level backoff that frees the worker and
-    honours ``Retry-After``), so deletes go out with a single attempt.
+    honours ``Retry-After``), so deletes go out with a single attempt.  Its
+    ListObjectsV2 pages carry ``Key`` and ``LastModified`` only (see
+    :mod:`digest_cleanup.kinds.s3_listing`).
     """
     core = botocore.session.get_session()
     core.get_component("response_parser_factory").set_parser_defaults(
@@ -292,13 +296,20 @@ def make_client(settings: Settings, *, max_attempts: int = 1) -> Any:
         profile_name=settings.aws_profile,
     )
     config = Config(
-        retries={"mode": "standard", "max_attempts": max_attempts},
+        # total_max_attempts counts the first attempt; botocore's max_attempts key counts
+        # retries only, so max_attempts=1 meant a hidden retry of every throttled delete.
+        retries={"mode": "standard", "total_max_attempts": max_attempts},
         connect_timeout=5,
         read_timeout=60,
         max_pool_connections=16,
         s3={"addressing_style": "path"} if settings.s3_endpoint_url else None,
     )
-    return session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
+    client = session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
+    # Listing is the guard pass's cost, and it comes before the first delete.
+    s3_listing.install(
+        client, _fast_timestamp, getattr(botocore.handlers, "_handle_200_error", None)
+    )
+    return client
 
 
 @contextmanager

@@ -7,7 +7,7 @@ from typing import Any
 from celery import Task
 
 from digest_cleanup.app import BATCH_QUEUE, SWEEP_QUEUE, runtime_of
-from digest_cleanup.batches import BatchPayload
+from digest_cleanup.batches import BatchPayload, batch_total
 from digest_cleanup.errors import CleanupError
 from digest_cleanup.runtime import Runtime
 
@@ -32,13 +32,15 @@ class CleanupTask(Task):  # type: ignore[misc]  # celery ships no type informati
     def publish_batch(
         self, payload: BatchPayload, *, countdown: float | None = None, task_id: str | None = None
     ) -> None:
+        run = self.runtime.store.find(payload.run_id)
+        total = batch_total(run.fields if run else None, payload.seq)
         self.app.send_task(
             "digest_cleanup.delete_batch",
             kwargs=payload.to_message(),
             task_id=task_id or payload.batch_id,
             queue=BATCH_QUEUE,
             countdown=countdown,
-            argsrepr=payload.describe(),
+            argsrepr=payload.describe(of=total),
             kwargsrepr=HIDDEN_KWARGS,
         )
 

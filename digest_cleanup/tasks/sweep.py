@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -15,6 +16,8 @@ from digest_cleanup.tasks.base import CleanupTask
 
 #: How long a beat's claim on a slot is kept: past the catch-up window.
 SLOT_CLAIM_SECONDS = int(CATCH_UP_WINDOW.total_seconds()) + 86_400
+#: Delete a slot claim only if this trigger still holds it.
+_RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
 
 
 @shared_task(bind=True, base=CleanupTask, name="digest_cleanup.sweep")
@@ -55,15 +58,26 @@ def trigger(
     if catch_up and at - slot > CATCH_UP_WINDOW:
         return {"target": target, "slot": slot.isoformat(), "action": "too_old"}
     claim = runtime.store.key("slot", target, slot.strftime("%Y%m%dT%H%MZ"))
-    if not runtime.redis.set(claim, self.request.id or "claimed", nx=True, ex=SLOT_CLAIM_SECONDS):
+    token = self.request.id or uuid.uuid4().hex
+    # The claim holds the task id: a redelivery of this very message (its worker died
+    # between claiming and starting) must still start the run, or the slot is skipped.
+    if not runtime.redis.set(claim, token, nx=True, ex=SLOT_CLAIM_SECONDS) and (
+        runtime.redis.get(claim) != token.encode()
+    ):
         return {"target": target, "slot": slot.isoformat(), "action": "already_claimed"}
-    started = start(
-        runtime,
-        tgt,
-        tgt.cutoff_for(slot),
-        self.enqueue_sweep,
-        trigger="beat-catch-up" if catch_up else "beat",
-    )
+    try:
+        started = start(
+            runtime,
+            tgt,
+            tgt.cutoff_for(slot),
+            self.enqueue_sweep,
+            trigger="beat-catch-up" if catch_up else "beat",
+        )
+    except Exception:
+        # A claimed slot without a run would be skipped: free it for the next trigger.
+        # The run id is keyed on the slot, so a later start cannot double the run.
+        runtime.redis.eval(_RELEASE_LUA, 1, claim, token)
+        raise
     return {
         "target": target,
         "slot": slot.isoformat(),

@@ -23,6 +23,7 @@ import platform
 import shutil
 import signal
 import socket
+import ssl
 import stat
 import subprocess
 import sysconfig
@@ -30,9 +31,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Self, cast
+from urllib.parse import quote
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -43,6 +46,7 @@ __all__ = [
     "RedisServer",
     "ServerError",
     "ServerStartError",
+    "TlsFiles",
     "WeedServer",
     "find_redis_server",
     "find_weed",
@@ -420,19 +424,74 @@ class _ServerProcess:
 # --------------------------------------------------------------------------- Redis
 
 
-def redis_ping(port: int, *, host: str = LOOPBACK, timeout: float = 1.0) -> bool:
+def redis_ping(
+    port: int,
+    *,
+    host: str = LOOPBACK,
+    timeout: float = 1.0,
+    username: str | None = None,
+    password: str | None = None,
+    tls: TlsFiles | None = None,
+) -> bool:
     """Return whether a Redis server on ``host:port`` answers PING with PONG.
 
     It speaks the inline protocol over a raw socket so that it needs no client
-    library and cannot be confused by a client's own retries.
+    library and cannot be confused by a client's own retries.  With ``password``
+    it authenticates first (as ``username`` when given); with ``tls`` it speaks
+    TLS and verifies the server against the CA in ``tls``.
     """
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        with socket.create_connection((host, port), timeout=timeout) as raw:
+            sock: socket.socket = raw
+            if tls is not None:
+                context = ssl.create_default_context(cafile=str(tls.ca))
+                sock = context.wrap_socket(raw, server_hostname=host)
+            if password is not None:
+                # RESP, not the inline form: a password may contain spaces.
+                parts = ["AUTH", *([username] if username else []), password]
+                command = f"*{len(parts)}\r\n" + "".join(
+                    f"${len(p.encode())}\r\n{p}\r\n" for p in parts
+                )
+                sock.sendall(command.encode())
+                if not sock.recv(64).startswith(b"+OK"):
+                    return False
             sock.sendall(b"PING\r\n")
             # A server still loading its data answers -LOADING, which is not ready.
             return sock.recv(64).startswith(b"+PONG")
     except OSError:
         return False
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A server certificate and key, and the CA that signed it (PEM files)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    @classmethod
+    def generate(cls, directory: Path, host: str = LOOPBACK) -> TlsFiles:
+        """Make a throwaway CA and a certificate for ``host`` with ``openssl``."""
+        if shutil.which("openssl") is None:
+            raise BinaryNotFoundError("no `openssl` on PATH to make test certificates")
+        directory.mkdir(parents=True, exist_ok=True)
+        files = cls(directory / "server.pem", directory / "server.key", directory / "ca.pem")
+        ca_key, csr, ext = directory / "ca.key", directory / "server.csr", directory / "ext.cnf"
+        ext.write_text(f"subjectAltName=IP:{host}\n")
+        steps = [
+            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key),
+             "-out", str(files.ca), "-days", "2", "-subj", "/CN=digest-cleanup test CA"],
+            ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(files.key),
+             "-out", str(csr), "-subj", f"/CN={host}"],
+            ["x509", "-req", "-in", str(csr), "-CA", str(files.ca), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-out", str(files.cert), "-days", "2", "-extfile", str(ext)],
+        ]  # fmt: skip
+        for step in steps:
+            done = subprocess.run(["openssl", *step], capture_output=True, check=False)
+            if done.returncode != 0:
+                raise ServerError(f"openssl {step[0]} failed: {done.stderr.decode()[-500:]}")
+        return files
 
 
 class RedisServer(_ServerProcess):
@@ -453,21 +512,42 @@ class RedisServer(_ServerProcess):
         binary: str | os.PathLike[str] | None = None,
         data_dir: str | os.PathLike[str] | None = None,
         startup_timeout: float = 10.0,
+        password: str | None = None,
+        username: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         """Prepare a server; nothing runs until :meth:`start`.
 
         ``port`` defaults to a free port, kept for the server's whole life (including
         :meth:`restart_empty`).  ``binary`` overrides :func:`find_redis_server`.
         ``data_dir`` is used as is and kept; by default a temp dir is made and removed.
+        ``password`` makes clients authenticate: as the default user, or as the ACL
+        user ``username`` (the default user is then switched off).  ``tls`` makes
+        the port speak TLS only (clients are not asked for certificates).
         """
         super().__init__(data_dir=data_dir, startup_timeout=startup_timeout)
+        if username is not None and password is None:
+            raise ValueError("an ACL user needs a password")
         self.port = free_port() if port is None else port
         self._binary = Path(binary) if binary is not None else None
+        self.password = password
+        self.username = username
+        self.tls = tls
 
     @property
     def url(self) -> str:
-        """The server's URL for database 0, as Celery and redis-py take it."""
-        return f"redis://{LOOPBACK}:{self.port}/0"
+        """The server's URL for database 0, as Celery and redis-py take it.
+
+        It carries the credentials, and for TLS the CA and ``ssl_cert_reqs=required``.
+        """
+        scheme = "rediss" if self.tls else "redis"
+        auth = ""
+        if self.password is not None:
+            auth = f"{quote(self.username or '', safe='')}:{quote(self.password, safe='')}@"
+        query = ""
+        if self.tls is not None:
+            query = f"?ssl_cert_reqs=required&ssl_ca_certs={quote(str(self.tls.ca))}"
+        return f"{scheme}://{auth}{LOOPBACK}:{self.port}/0{query}"
 
     @property
     def binary(self) -> Path:
@@ -485,7 +565,7 @@ class RedisServer(_ServerProcess):
 
     def ping(self) -> bool:
         """Return whether the server answers PING."""
-        return redis_ping(self.port)
+        return redis_ping(self.port, username=self.username, password=self.password, tls=self.tls)
 
     def restart_empty(self) -> None:
         """Crash the server and start a fresh one on the same port with no data.
@@ -512,7 +592,26 @@ class RedisServer(_ServerProcess):
             "--appendonly", "no",
             "--dir", str(self.dir),
             "--daemonize", "no",
+            *self._security_args(),
         ]  # fmt: skip
+
+    def _security_args(self) -> list[str]:
+        args: list[str] = []
+        if self.username is not None and self.password is not None:
+            args += ["--user", self.username, "on", f">{self.password}", "~*", "&*", "+@all"]
+            args += ["--user", "default", "off"]
+        elif self.password is not None:
+            args += ["--requirepass", self.password]
+        if self.tls is not None:
+            # TLS only: the plain port is closed, so nothing can bypass it.
+            args[:0] = ["--port", "0", "--tls-port", str(self.port)]
+            args += [
+                "--tls-cert-file", str(self.tls.cert),
+                "--tls-key-file", str(self.tls.key),
+                "--tls-ca-cert-file", str(self.tls.ca),
+                "--tls-auth-clients", "no",
+            ]  # fmt: skip
+        return args
 
     def _is_ready(self) -> bool:
         return self.ping()

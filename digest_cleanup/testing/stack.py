@@ -135,7 +135,8 @@ class Stack:
         self.processes: list[Process] = []
         self._count = 0
 
-    def _bin(self, name: str) -> str:
+    def executable(self, name: str) -> str:
+        """``name`` from this interpreter's scripts directory, so every process runs one install."""
         candidate = Path(sys.executable).parent / name
         return str(candidate) if candidate.exists() else name
 
@@ -161,7 +162,7 @@ class Stack:
         """Start ``celery -A digest_cleanup worker`` and wait until it is ready."""
         self._count += 1
         argv = [
-            self._bin("celery"),
+            self.executable("celery"),
             "-A",
             "digest_cleanup",
             "worker",
@@ -178,15 +179,24 @@ class Stack:
         proc = self.start("worker", argv, env)
         return proc.wait_ready() if ready else proc
 
-    def beat(self, *, env: Mapping[str, str] | None = None, name: str = "beat") -> Process:
-        schedule = self.workdir / f"{name}-{self._count + 1}-schedule"
+    def beat(
+        self,
+        *,
+        env: Mapping[str, str] | None = None,
+        name: str = "beat",
+        schedule: Path | None = None,
+        extra: Sequence[str] = (),
+    ) -> Process:
+        """Start ``celery -A digest_cleanup beat``; pass ``schedule`` again to restart a beat."""
+        schedule = schedule or self.workdir / f"{name}-{self._count + 1}-schedule"
         argv = [
-            self._bin("celery"),
+            self.executable("celery"),
             "-A",
             "digest_cleanup",
             "beat",
             "--loglevel=INFO",
             f"--schedule={schedule}",
+            *extra,
         ]
         return self.start(name, argv, env)
 
@@ -195,7 +205,7 @@ class Stack:
     ) -> CliResult:
         """Run ``digest-cleanup ARGS`` to completion."""
         proc = subprocess.run(
-            [self._bin("digest-cleanup"), *args],
+            [self.executable("digest-cleanup"), *args],
             env={**self.env, **(env or {})},
             capture_output=True,
             text=True,

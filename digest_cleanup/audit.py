@@ -1,0 +1,54 @@
+"""The audit location: where run reports are kept for good.
+
+``CLEANUP_AUDIT_URL`` is an ``s3://bucket/prefix/`` location, whatever kind the
+target is: the report of a PostgreSQL run goes to S3 too.  Each run writes
+``TARGET/RUN_ID/summary.json`` and ``TARGET/RUN_ID/not_deleted.jsonl`` there.
+The writer lives here, apart from :mod:`digest_cleanup.reports`, so that the code
+that ends runs never touches a storage client of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from digest_cleanup.settings import Settings
+
+#: Attempts per report object.  A run's report is written once, at its end, so
+#: unlike deletes it is retried in place rather than by the pipeline.
+WRITE_ATTEMPTS = 5
+
+
+def write_report(
+    settings: Settings,
+    target: str,
+    run_id: str,
+    summary: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+) -> str | None:
+    """Put one run's report under the audit URL; return its location, or None if unset."""
+    audit = settings.audit_url
+    if not audit:
+        return None
+    # Imported here: a deployment without an audit location never loads boto3.
+    from digest_cleanup.kinds.s3 import make_client
+
+    bucket, _, prefix = audit.removeprefix("s3://").partition("/")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    base = f"{prefix}{target}/{run_id}/"
+    client = make_client(settings, max_attempts=WRITE_ATTEMPTS)
+    client.put_object(
+        Bucket=bucket,
+        Key=base + "summary.json",
+        Body=json.dumps(summary, indent=2, sort_keys=True).encode(),
+        ContentType="application/json",
+    )
+    client.put_object(
+        Bucket=bucket,
+        Key=base + "not_deleted.jsonl",
+        Body="".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode(),
+        ContentType="application/x-ndjson",
+    )
+    return f"s3://{bucket}/{base}"
