@@ -113,6 +113,13 @@ def _check(runtime: Runtime, payload: BatchPayload) -> Any:
             f"run {payload.run_id!r} is not in the run store (lost with a Redis restart, or "
             "forged); nothing was deleted; run the target again to re-list from the store",
         )
+    if run.fields.get("token", "") != payload.run_token:
+        raise PoisonMessage(
+            "stale_run",
+            f"the batch belongs to an earlier incarnation of run {payload.run_id!r} (Redis "
+            "restarted or the run was restarted since it was published); nothing was deleted; "
+            "the current run re-lists its own keys",
+        )
     if run.fields.get("cutoff") != payload.cutoff:
         raise PoisonMessage(
             "cutoff_mismatch",

@@ -44,6 +44,9 @@ class BatchPayload:
     first_failure_at: str = ""
     #: Present on a dead-letter entry: why it is there, and its id.
     dead_letter: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The run incarnation this batch belongs to: a batch from before a Redis restart or
+    #: a run restart carries an old token and is refused rather than counted in a new run.
+    run_token: str = ""
 
     @property
     def claim(self) -> str:

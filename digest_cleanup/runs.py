@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -250,6 +251,9 @@ class RunStore:
         data = dict.fromkeys(COUNTERS, 0) | {
             "status": "running",
             "created_at": now,
+            # A new token per incarnation: batches published before a Redis restart or a
+            # run restart carry the old one and are refused, not counted in this run.
+            "token": uuid.uuid4().hex,
             "sweep_done": 0,
             **{k: _field(v) for k, v in fields.items()},
         }

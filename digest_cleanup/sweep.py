@@ -61,6 +61,8 @@ class Checkpoint:
     #: The guard pass's own counts; the run's counters stay at zero until publishing.
     guard_listed: int = 0
     guard_expired: int = 0
+    #: The run incarnation's token, stamped on every batch (see ``runs.RunStore.open``).
+    run_token: str = ""
 
 
 def run_id_for(target: str, cutoff: datetime, *, dry_run: bool = False) -> str:
@@ -90,7 +92,7 @@ def sweep_slice(
         kind = runtime.kind(target.name)
         cutoff = datetime.fromisoformat(run["cutoff"])
         raw = store.load_checkpoint(run_id)
-        cp = Checkpoint(**raw) if raw else Checkpoint()
+        cp = Checkpoint(**raw) if raw else Checkpoint(run_token=run.fields.get("token", ""))
         forced = run.fields.get("forced") == "1"
         dry_run = run.fields.get("dry_run") == "1"
         deadline = time.monotonic() + limit
@@ -179,7 +181,7 @@ def _publish(
 ) -> SliceResult:
     if cp.outbox:  # batches a crashed slice may not have sent
         for seq, items in cp.outbox:
-            publish(_payload(run_id, target, cutoff, seq, items))
+            publish(_payload(run_id, target, cutoff, seq, items, cp.run_token))
         # Sent: a slice that now fails listing (and is retried) must not send them again.
         cp.outbox = []
         runtime.store.save_checkpoint(run_id, dataclasses.asdict(cp), [])
@@ -232,15 +234,16 @@ def _emit(
         run_id, dataclasses.asdict(cp), [batch_id(run_id, seq) for seq, _ in outbox]
     )
     for seq, items in outbox:
-        publish(_payload(run_id, target, cutoff, seq, items))
+        publish(_payload(run_id, target, cutoff, seq, items, cp.run_token))
     return result
 
 
 def _payload(
-    run_id: str, target: Target, cutoff: datetime, seq: int, items: list[str]
+    run_id: str, target: Target, cutoff: datetime, seq: int, items: list[str], run_token: str
 ) -> BatchPayload:
     return BatchPayload(
         run_id=run_id,
+        run_token=run_token,
         target=target.name,
         batch_id=batch_id(run_id, seq),
         seq=seq,

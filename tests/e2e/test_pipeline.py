@@ -127,6 +127,7 @@ def test_duplicate_batch_delivery_is_counted_once(make_stack, s3, bucket, redis_
         seq=1,
         cutoff=run["cutoff"],
         items=keys[:500],
+        run_token=run["token"],
     )
     _send(stack, payload)
     client = redis.Redis.from_url(redis_url)
@@ -182,3 +183,33 @@ def test_a_listing_interrupted_by_an_outage_is_retried(make_stack, s3, bucket, p
     assert result.code == 0, result
     assert result.json()["deleted"] == 600
     assert stack.cli("status", result.json()["run_id"], "--json").json()["sweep_errors"] >= 1
+
+
+def test_a_batch_from_an_earlier_incarnation_of_the_run_is_refused(make_stack, s3, bucket):
+    # Given a completed run, and a batch of it published before the run was re-created
+    # (as happens when Redis restarts empty and the same cutoff is triggered again)
+    keys = EXPIRED[:100]
+    cutoff = seed_split(s3, bucket, keys, [])
+    stack = make_stack(s3_targets(bucket))
+    stack.worker(concurrency=1)
+    run = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json").json()
+    stale = BatchPayload(
+        run_id=run["run_id"],
+        target="statements",
+        batch_id=f"{run['run_id']}-b00001",
+        seq=1,
+        cutoff=run["cutoff"],
+        items=keys[:10],
+        run_token="an-earlier-incarnation",
+    )
+
+    # When that batch is delivered
+    _send(stack, stale)
+
+    # Then it is dead-lettered as stale, and the run's counters do not move
+    entries = wait_for(
+        lambda: stack.cli("dlq", "list", "--json").json()["entries"], 30, "the stale batch"
+    )
+    assert [e["reason"] for e in entries] == ["stale_run"]
+    after = stack.cli("status", run["run_id"], "--json").json()
+    assert (after["deleted"], after["dead_lettered"]) == (run["deleted"], run["dead_lettered"])
