@@ -32,16 +32,17 @@ reliability:  ## the fault suite (worker kills, Redis restarts, S3 faults); writ
 	$(PYTHON) -m pytest -m slow tests/reliability $(PYTEST_ARGS)
 
 worker:  ## a worker for the configured broker and targets (CLEANUP_* variables)
-	celery -A digest_cleanup worker --loglevel=INFO
+	$(PYTHON) -m celery -A digest_cleanup worker --loglevel=INFO
 
 beat:  ## the scheduler (run exactly one per deployment; duplicate fires are absorbed anyway)
-	celery -A digest_cleanup beat --loglevel=INFO
+	$(PYTHON) -m celery -A digest_cleanup beat --loglevel=INFO
 
 flower:  ## Flower on 127.0.0.1:5555 with basic auth from FLOWER_BASIC_AUTH=user:pass
-	celery -A digest_cleanup flower --address=127.0.0.1 --port=5555
+	@test -n "$$FLOWER_BASIC_AUTH" || { echo "set FLOWER_BASIC_AUTH=user:password first: Flower is never started open" >&2; exit 2; }
+	$(PYTHON) -m celery -A digest_cleanup flower --address=127.0.0.1 --port=5555
 
 metrics:  ## the Prometheus endpoint on :9808
-	digest-cleanup metrics --port 9808
+	$(PYTHON) -m digest_cleanup.cli metrics --port 9808
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info

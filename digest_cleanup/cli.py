@@ -336,3 +336,7 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
 
 def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
