@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 import redis
@@ -25,7 +24,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from digest_cleanup.runs import LATENCY_BUCKETS, RunView
+from digest_cleanup.runs import LATENCY_BUCKETS, RunView, epoch_of
 from digest_cleanup.runtime import Runtime
 
 logger = logging.getLogger("digest_cleanup.metrics")
@@ -63,7 +62,7 @@ def oldest_pending_age(
     if run is None or run.status != "running" or run.fields.get("dry_run") == "1":
         return 0.0
     if run.fields.get("sweep_done") != "1":
-        created = _epoch(run.fields.get("created_at"))
+        created = epoch_of(run.fields.get("created_at"))
         return max(now - created, 0.0) if created is not None else 0.0
     return max(now - min(score for _, score in pending), 0.0) if pending else 0.0
 
@@ -261,7 +260,7 @@ def _add_target(fams: _Families, state: TargetState, now: float) -> None:
         for code, n in sorted(state.retried_codes.items()):
             retries.add_metric([*t, code], n)
         info.add_metric([*t, run.run_id], 1)
-        created = _epoch(run.fields.get("created_at"))
+        created = epoch_of(run.fields.get("created_at"))
         if created is not None:
             started.add_metric(t, created)
     success = fams.gauge(
@@ -269,7 +268,7 @@ def _add_target(fams: _Families, state: TargetState, now: float) -> None:
         "When a run of the target last ended complete (Unix time); absent until one has",
         ["target"],
     )
-    when = _epoch(state.last_success)
+    when = epoch_of(state.last_success)
     if when is not None:
         success.add_metric(t, when)
     remaining = fams.gauge(
@@ -284,7 +283,7 @@ def _add_target(fams: _Families, state: TargetState, now: float) -> None:
     )
     if "remaining_expired" in state.verify:
         remaining.add_metric(t, int(state.verify["remaining_expired"]))
-        checked = _epoch(state.verify.get("checked_at"))
+        checked = epoch_of(state.verify.get("checked_at"))
         if checked is not None:
             verified.add_metric(t, checked)
     fams.histogram(
@@ -317,15 +316,6 @@ def snapshot(metrics: Iterable[Metric]) -> dict[str, Any]:
         }
         for m in metrics
     }
-
-
-def _epoch(iso: str | None) -> float | None:
-    if not iso:
-        return None
-    try:
-        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _text(value: Any) -> str:

@@ -12,10 +12,9 @@ import dataclasses
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import TextIO
 
-from digest_cleanup.runs import RunStore, RunView
+from digest_cleanup.runs import RunStore, RunView, epoch_of
 
 #: Seconds between polls of the run store.
 POLL_SECONDS = 0.5
@@ -244,20 +243,11 @@ def plain_view(stream: TextIO) -> tuple[Draw, Callable[[], None]]:
 
 def _elapsed(run: RunView) -> float | None:
     """Seconds since the run was created, or its whole length once it has ended."""
-    start = _parse(run.fields.get("created_at"))
+    start = epoch_of(run.fields.get("created_at"))
     if start is None:
         return None
-    end = _parse(run.fields.get("ended_at")) if run.finished else None
+    end = epoch_of(run.fields.get("ended_at")) if run.finished else None
     return max((end if end is not None else time.time()) - start, 0.0)
-
-
-def _parse(iso: str | None) -> float | None:
-    if not iso:
-        return None
-    try:
-        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _duration(seconds: float) -> str:

@@ -406,6 +406,16 @@ class RunStore:
             yield _text(raw)
 
 
+def epoch_of(iso: str | None) -> float | None:
+    """Seconds since the epoch for a stored ISO 8601 time, or None when absent or unreadable."""
+    if not iso:
+        return None
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def now_iso() -> str:
     """Now in UTC as ISO 8601 with milliseconds and a Z."""
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
