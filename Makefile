@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: help install test lint format typecheck demo bench reliability worker beat flower metrics clean
+.PHONY: help install test lint format demo bench reliability screenshot worker beat flower metrics clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -30,6 +30,9 @@ bench:  ## the 120k benchmark against the alternatives; writes BENCHMARKS.md
 
 reliability:  ## the fault suite (worker kills, Redis restarts, S3 faults); writes RELIABILITY.md
 	$(PYTHON) -m pytest -m slow tests/reliability $(PYTEST_ARGS)
+
+screenshot:  ## refresh docs/img/flower-tasks.png from a real run (needs chromium and chromedriver)
+	DC_UPDATE_SCREENSHOT=1 $(PYTHON) -m pytest tests/e2e/test_ops_flower.py -k screenshot $(PYTEST_ARGS)
 
 worker:  ## a worker for the configured broker and targets (CLEANUP_* variables)
 	$(PYTHON) -m celery -A digest_cleanup worker --loglevel=INFO
