@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from digest_cleanup.broker import safe_url
-from digest_cleanup.errors import CleanupError, UsageError
+from digest_cleanup.errors import CleanupError, ConfigError, UsageError
 from digest_cleanup.settings import Settings
 
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("metrics", cli_metrics.cmd_metrics, "serve Prometheus metrics read from the run store")
     cli_metrics.add_arguments(p)
 
+    from digest_cleanup import cli_plan
+
+    p = add("plan", cli_plan.run, "workers and concurrency for N artifacts in a time window")
+    cli_plan.register(p)
+
     dlq = sub.add_parser("dlq", help="list, show, redrive and purge dead letters")
     dsub = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
 
@@ -156,25 +161,33 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_targets(args: argparse.Namespace, ctx: Context) -> int:
     rows = []
     for t in ctx.runtime.targets:
-        rows.append(
-            {
-                "name": t.name,
-                "kind": t.kind,
-                "location": t.make_kind(ctx.settings).describe(),
-                "schedule": t.schedule,
-                "retention_days": t.retention_days,
-                "batch_size": t.batch_size,
-                "max_delete": t.max_delete,
-                "next_slot_after": t.last_slot(_now()).isoformat(),
-            }
-        )
+        row: dict[str, Any] = {
+            "name": t.name,
+            "kind": t.kind,
+            "location": None,
+            "schedule": t.schedule,
+            "retention_days": t.retention_days,
+            "batch_size": t.batch_size,
+            "max_delete": t.max_delete,
+            "last_slot": t.last_slot(_now()).isoformat(),
+        }
+        try:
+            row["location"] = t.make_kind(ctx.settings).describe()
+        except ConfigError as exc:
+            # A secret such as a DSN may be set for the workers only: list the
+            # target anyway, and say what this shell lacks.
+            row["problem"] = str(exc)
+        rows.append(row)
     if args.json:
         _print_json({"targets": rows})
     else:
         _table(
-            rows,
+            [r | {"location": r["location"] or "?"} for r in rows],
             ["name", "kind", "location", "schedule", "retention_days", "batch_size", "max_delete"],
         )
+        for row in rows:
+            if "problem" in row:
+                print(f"{row['name']}: location unknown here: {row['problem']}")
     return EXIT_OK
 
 

