@@ -47,8 +47,9 @@ def cmd_list(args: argparse.Namespace, ctx: Context) -> int:
         print("dead-letter queue is empty" if dlq.depth() == 0 else "no entry matches")
         return 0
     for e in data:
+        keys = f"{e['key_count']} key" + ("" if e["key_count"] == 1 else "s")
         print(
-            f"{e['id']}  run {e['run_id']}  {e['key_count']} keys  reason {e['reason']}  "
+            f"{e['id']}  run {e['run_id']}  {keys}  reason {e['reason']}  "
             f"attempts {e['attempts']}  first {e['first_failure_at']}  last {e['last_failure_at']}"
         )
         for key in e["keys"][:KEYS_SHOWN]:
