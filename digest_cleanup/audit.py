@@ -28,17 +28,12 @@ def write_report(
     rows: Sequence[Mapping[str, Any]],
 ) -> str | None:
     """Put one run's report under the audit URL; return its location, or None if unset."""
-    audit = settings.audit_url
-    if not audit:
+    location = _location(settings)
+    if location is None:
         return None
-    # Imported here: a deployment without an audit location never loads boto3.
-    from digest_cleanup.kinds.s3 import make_client
-
-    bucket, _, prefix = audit.removeprefix("s3://").partition("/")
-    if prefix and not prefix.endswith("/"):
-        prefix += "/"
+    bucket, prefix = location
     base = f"{prefix}{target}/{run_id}/"
-    client = make_client(settings, max_attempts=WRITE_ATTEMPTS)
+    client = _client(settings)
     client.put_object(
         Bucket=bucket,
         Key=base + "summary.json",
@@ -52,3 +47,36 @@ def write_report(
         ContentType="application/x-ndjson",
     )
     return f"s3://{bucket}/{base}"
+
+
+def write_purge(settings: Settings, at: str, records: Sequence[Mapping[str, Any]]) -> str | None:
+    """Keep a ``dlq purge``'s audit records under ``purges/``; return the object's URL."""
+    location = _location(settings)
+    if location is None or not records:
+        return None
+    bucket, prefix = location
+    key = f"{prefix}purges/{at.replace(':', '')}.json"
+    _client(settings).put_object(
+        Bucket=bucket,
+        Key=key,
+        Body=json.dumps(list(records), indent=2, sort_keys=True).encode(),
+        ContentType="application/json",
+    )
+    return f"s3://{bucket}/{key}"
+
+
+def _location(settings: Settings) -> tuple[str, str] | None:
+    """(bucket, prefix ending in '/' or empty) of the audit URL, or None when unset."""
+    if not settings.audit_url:
+        return None
+    bucket, _, prefix = settings.audit_url.removeprefix("s3://").partition("/")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    return bucket, prefix
+
+
+def _client(settings: Settings) -> Any:
+    # Imported here: a deployment without an audit location never loads boto3.
+    from digest_cleanup.kinds.s3 import make_client
+
+    return make_client(settings, max_attempts=WRITE_ATTEMPTS)

@@ -7,8 +7,10 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
+from digest_cleanup import audit
 from digest_cleanup.dead_letter import DeadLetterQueue, Entry
 from digest_cleanup.errors import UsageError
+from digest_cleanup.runs import now_iso
 
 if TYPE_CHECKING:
     from digest_cleanup.cli import Context
@@ -117,8 +119,17 @@ def cmd_purge(args: argparse.Namespace, ctx: Context) -> int:
     entries = _select(args, dlq)
     command = "digest-cleanup " + shlex.join(sys.argv[1:])
     records = dlq.purge(entries, command)
+    # Redis keeps the audit records; the audit location keeps them for good.
+    kept = audit.write_purge(ctx.settings, now_iso(), records)
     if args.json:
-        _print_json({"purged": [r["entry"]["id"] for r in records], "audit_records": records})
+        _print_json(
+            {
+                "purged": [r["entry"]["id"] for r in records],
+                "audit_records": records,
+                "audit_url": kept,
+            }
+        )
     else:
-        print(f"purged {len(records)} entries; audit records written to {dlq.key_prefix}:audit")
+        where = f"{dlq.key_prefix}:audit" + (f" and {kept}" if kept else "")
+        print(f"purged {len(records)} entries; audit records written to {where}")
     return 0

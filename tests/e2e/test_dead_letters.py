@@ -225,7 +225,8 @@ def test_run_report_is_written_to_the_audit_location_and_adds_up(make_stack, s3,
 def test_purge_leaves_an_audit_record(make_stack, s3, bucket, proxy):
     cutoff = seed_split(s3, bucket, KEYS[:10], [])
     proxy.deny_keys = {KEYS[4]}
-    stack = make_stack(s3_targets(bucket))
+    s3.create_bucket(Bucket=f"{bucket}-audit")
+    stack = make_stack(s3_targets(bucket), env={"CLEANUP_AUDIT_URL": f"s3://{bucket}-audit/"})
     stack.worker()
     stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait")
     (entry,) = _entries(stack)
@@ -242,3 +243,7 @@ def test_purge_leaves_an_audit_record(make_stack, s3, bucket, proxy):
     assert _entries(stack) == []
     runtime = Runtime(Settings.from_env(stack.env))
     assert dead_letter_queue(runtime).audit_log()[0]["entry"]["id"] == entry["id"]
+    # and the record is kept for good at the audit location, too
+    key = purged.json()["audit_url"].removeprefix(f"s3://{bucket}-audit/")
+    kept = json.loads(s3.get_object(Bucket=f"{bucket}-audit", Key=key)["Body"].read())
+    assert [r["entry"]["id"] for r in kept] == [entry["id"]]
