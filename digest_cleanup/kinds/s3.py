@@ -37,6 +37,11 @@ from digest_cleanup.settings import Settings
 DELETE_OBJECTS_LIMIT = 1000
 #: Keys per ListObjectsV2 page: the most S3 returns, so the fewest round trips.
 LIST_PAGE_SIZE = 1000
+#: Connections the one client of a process keeps for reuse.  A worker in the threads
+#: pool runs one delete per thread at once, and a pool smaller than that opens and
+#: drops a connection for every batch past it; connections open on demand, so a
+#: prefork child holds one.
+CONNECTIONS_PER_CLIENT = 64
 #: Separates key and version id in a ``versions = "all"`` item.  Version ids never
 #: contain it, so ``rpartition`` splits correctly even when a key does.
 VERSION_SEPARATOR = "?versionId="
@@ -301,7 +306,7 @@ def make_client(settings: Settings, *, max_attempts: int = 1) -> Any:
         retries={"mode": "standard", "total_max_attempts": max_attempts},
         connect_timeout=5,
         read_timeout=60,
-        max_pool_connections=16,
+        max_pool_connections=CONNECTIONS_PER_CLIENT,
         s3={"addressing_style": "path"} if settings.s3_endpoint_url else None,
     )
     client = session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)

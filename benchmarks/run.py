@@ -1,0 +1,198 @@
+"""``make bench``: the 120k weekly run end to end, against the alternatives, in one run.
+
+It starts a ``weed mini`` and a Redis on free loopback ports, seeds a fresh copy
+of the same keys for every method, and measures in this order: the raw probe,
+the pipeline under each worker layout (Celery's defaults first), ``aws s3 rm
+--recursive`` and the naive loop (on subsets, extrapolated).  Then a dry run over
+120k and 1.2M cached keys shows how the sweep scales.  It prints the table and
+writes BENCHMARKS.md at the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks import report, scaling
+from benchmarks.alternatives import Measured, aws_rm, naive_loop, raw_probe
+from benchmarks.environment import Machine, load_average
+from benchmarks.pipeline import PREFIX, Layout, Runner
+from digest_cleanup.testing.seed import create_bucket, digest_layout_keys, seed_keys
+from digest_cleanup.testing.servers import RedisServer, WeedServer
+
+#: The weekly run of the ~120k-customer digest.
+DEFAULT_KEYS = 120_000
+#: Worker layouts tried, Celery's defaults first (see :meth:`Layout.parse`).  The
+#: others give the sweep a worker of its own (it is CPU-bound while deletes wait on
+#: S3, and a sweep in the delete pool holds a delete slot for its whole length) and
+#: keep many deletes in flight with threads, which cost less CPU than processes on a
+#: machine whose cores the S3 server needs.
+DEFAULT_LAYOUTS = (
+    "default",
+    "sweeps:prefork:1+batches:threads:16",
+    "sweeps:prefork:1+batches:threads:16@1000",
+)
+#: Rounds of (probe, layouts): the machine may be shared, so every pipeline run is
+#: paired with the probe run just before it, and the median of the paired ratios
+#: is reported.
+DEFAULT_ROUNDS = 3
+#: Threads of the raw probe: the fastest on the reference machine (4, 8, 16, 32 and
+#: 64 were tried), as many requests in flight as the pipeline's layouts keep.
+DEFAULT_PROBE_THREADS = 16
+#: Subsets for the slow methods: a full 120k run of each would take 5 minutes or more.
+DEFAULT_AWS_KEYS = 20_000
+DEFAULT_NAIVE_KEYS = 10_000
+#: Dry-run sizes for the scaling section.
+DEFAULT_SCALE_KEYS = (120_000, 1_200_000)
+#: The weekly folder the fresh copies are seeded into.
+WEEK = "2026-10-18"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
+    parser.add_argument("--keys", type=int, default=DEFAULT_KEYS, help="keys per fresh copy")
+    parser.add_argument(
+        "--layouts",
+        default=",".join(DEFAULT_LAYOUTS),
+        help="comma-separated worker layouts, 'default' or [N*]QUEUES:POOL:CONCURRENCY "
+        "joined with '+', e.g. sweeps:prefork:1+batches:threads:8",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_ROUNDS,
+        help="rounds of probe-then-layouts; ratios are medians over rounds",
+    )
+    parser.add_argument("--probe-threads", type=int, default=DEFAULT_PROBE_THREADS)
+    parser.add_argument("--aws-keys", type=int, default=DEFAULT_AWS_KEYS)
+    parser.add_argument("--naive-keys", type=int, default=DEFAULT_NAIVE_KEYS)
+    parser.add_argument(
+        "--scale-keys",
+        default=",".join(str(n) for n in DEFAULT_SCALE_KEYS),
+        help="comma-separated dry-run sizes, cached between runs",
+    )
+    parser.add_argument("--no-scale", action="store_true", help="skip the dry-run scaling")
+    parser.add_argument("--cache", type=Path, default=scaling.default_cache())
+    parser.add_argument("--reseed", action="store_true", help="rebuild the scaling cache")
+    parser.add_argument(
+        "--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md", help="the report to write"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        layouts = [Layout.parse(spec) for spec in args.layouts.split(",")]
+    except ValueError as exc:
+        print(f"benchmarks: --layouts: {exc}", file=sys.stderr)
+        return 2
+    machine = Machine.describe()
+    load_start = load_average()
+    say(f"{machine.cores} cores, {machine.memory_gib:.0f} GiB, load average {load_start:.2f}")
+    plan = _plan(layouts, args.rounds)
+    probes: list[Measured] = []
+    pipelines: dict[int, list[report.Paired]] = {i: [] for i in range(len(layouts))}
+    with tempfile.TemporaryDirectory(prefix="digest-cleanup-bench-") as tmp:
+        workdir = Path(tmp)
+        with RedisServer() as redis_server, WeedServer() as weed:
+            endpoint = weed.endpoint_url
+            sizes = {bucket: args.keys for _, bucket, _ in plan}
+            sizes |= {
+                "aws": min(args.aws_keys, args.keys),
+                "naive": min(args.naive_keys, args.keys),
+            }
+            seed_rate = _seed(endpoint, sizes)
+            pids = {"weed": weed.pid or 0, "redis": redis_server.pid or 0}
+            runner = Runner(workdir, redis_server.url, endpoint, pids)
+            for index, bucket, round_ in plan:
+                if index < 0:
+                    say(f"round {round_ + 1}: raw probe, {args.probe_threads} threads")
+                    probes.append(raw_probe(endpoint, bucket, PREFIX, args.probe_threads))
+                    _done(probes[-1].seconds, probes[-1].keys)
+                    continue
+                layout = layouts[index]
+                say(f"round {round_ + 1}: pipeline, {layout.label()}")
+                result = runner.run(layout, bucket, args.keys)
+                pipelines[index].append(report.Paired(result, probes[-1]))
+                _done(result.seconds, result.keys, probes[-1])
+            say("aws s3 rm --recursive")
+            aws = aws_rm(endpoint, "aws", PREFIX, workdir / "aws")
+            _done(aws.seconds, aws.keys)
+            say("naive loop")
+            naive = naive_loop(endpoint, "naive", PREFIX)
+            _done(naive.seconds, naive.keys)
+    scaled = None
+    if not args.no_scale:
+        say("scaling: dry runs over cached keys")
+        with tempfile.TemporaryDirectory(prefix="digest-cleanup-bench-scale-") as tmp:
+            sizes_list = [int(n) for n in args.scale_keys.split(",")]
+            scaled = scaling.measure(args.cache, sizes_list, Path(tmp), reseed=args.reseed, log=say)
+    results = report.Results(
+        keys=args.keys,
+        machine=machine,
+        load=(load_start, load_average()),
+        seed_rate=seed_rate,
+        probes=probes,
+        pipelines=[pipelines[i] for i in range(len(layouts))],
+        aws=aws,
+        naive=naive,
+        scaling=scaled,
+    )
+    print()
+    print(report.table(results))
+    print()
+    print(report.headline(results))
+    print("\n".join(report.acceptance(results)))
+    command = ["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]
+    args.output.write_text(report.markdown(results, command))
+    print(f"\nwrote {args.output}")
+    return 0
+
+
+def _plan(layouts: list[Layout], rounds: int) -> list[tuple[int, str, int]]:
+    """(layout index or -1 for the probe, bucket, round) in the order they run.
+
+    Each round runs the probe, then every layout, each on its own fresh copy, so a
+    pipeline run is compared with the probe that ran just before it.  The first
+    layout (Celery's defaults) runs in the first round only: it is the reference
+    point, not a candidate.
+    """
+    order = []
+    for round_ in range(rounds):
+        order.append((-1, f"probe-{round_}", round_))
+        for index in range(len(layouts)):
+            if index == 0 and round_ > 0 and len(layouts) > 1:
+                continue
+            order.append((index, f"pipeline-{index}-{round_}", round_))
+    return order
+
+
+def _seed(endpoint: str, sizes: dict[str, int]) -> float:
+    """Seed one fresh copy per method; returns the seeding rate in keys/s."""
+    total, seconds = 0, 0.0
+    for bucket, keys in sizes.items():
+        create_bucket(endpoint, bucket)
+        stats = seed_keys(endpoint, bucket, digest_layout_keys(PREFIX, keys, WEEK))
+        total, seconds = total + stats.count, seconds + stats.seconds
+        say(f"  seeded {bucket}: {keys:,} keys at {stats.rate:,.0f} keys/s")
+    return total / seconds if seconds else 0.0
+
+
+def _done(seconds: float, keys: int, probe: Measured | None = None) -> None:
+    ratio = f", {seconds / probe.seconds:.2f}x the probe" if probe else ""
+    say(f"  {keys:,} keys in {seconds:.1f} s ({keys / seconds:,.0f} keys/s{ratio})")
+
+
+def say(text: str) -> None:
+    """Progress on stderr, so stdout carries the results only."""
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
