@@ -1,10 +1,12 @@
-"""What the pipeline is measured against: the raw probe, ``aws s3 rm``, a naive loop.
+"""What the pipeline is measured against: the raw probe, a tuned script, ``aws s3 rm``, a loop.
 
 * The **raw probe** lists everything, then sends DeleteObjects in 1000-key
   batches over a thread pool: no broker, no run state, no guard, no retries.  It
   lists with the pipeline's own S3 client (the lean listing parser), so the
   comparison isolates what the orchestration costs, and it approximates what
   the server can do.
+* The **tuned script** is the usual hand-written version of the same: a stock
+  boto3 client, list first, then 1000-key DeleteObjects in 4 threads.
 * ``aws s3 rm --recursive`` lists, then deletes one key per DeleteObject request
   (ten at a time by default).
 * The **naive loop** lists, then calls DeleteObject for one key after another.
@@ -21,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,8 @@ class Measured:
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     #: Anything a reader needs to interpret the number.
     note: str = ""
+    #: CPU seconds by component while it ran, such as ``weed`` and ``client``.
+    cpu: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -59,17 +64,48 @@ class Measured:
 def raw_probe(endpoint: str, bucket: str, prefix: str, threads: int) -> Measured:
     """List everything, then DeleteObjects in 1000-key batches over ``threads`` threads.
 
-    The clock includes making the client, as the pipeline's includes its workers
+    It uses the pipeline's own client (:func:`~digest_cleanup.kinds.s3.make_client`,
+    with its lean listing parser), so it isolates what orchestration costs.  The
+    clock includes making the client, as the pipeline's includes its workers
     making theirs on their first task.
     """
-    started = time.perf_counter()
-    client = make_client(
-        Settings(
-            s3_endpoint_url=endpoint,
-            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+
+    def client() -> Any:
+        return make_client(
+            Settings(
+                s3_endpoint_url=endpoint,
+                aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            )
         )
+
+    return _list_then_delete(
+        f"raw probe (list, then DeleteObjects of {PROBE_BATCH} in {threads} threads)",
+        client,
+        bucket,
+        prefix,
+        threads,
     )
+
+
+def reference_script(endpoint: str, bucket: str, prefix: str, threads: int) -> Measured:
+    """The usual hand-written cleanup: stock boto3, list first, then 1000-key deletes."""
+    return _list_then_delete(
+        f"tuned script (stock boto3: list, then DeleteObjects of {PROBE_BATCH} "
+        f"in {threads} threads)",
+        lambda: s3_client(endpoint),
+        bucket,
+        prefix,
+        threads,
+    )
+
+
+def _list_then_delete(
+    method: str, make: Callable[[], Any], bucket: str, prefix: str, threads: int
+) -> Measured:
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    client = make()
     keys = _list(client, bucket, prefix)
     listed = time.perf_counter()
     chunks = [keys[i : i + PROBE_BATCH] for i in range(0, len(keys), PROBE_BATCH)]
@@ -84,12 +120,13 @@ def raw_probe(endpoint: str, bucket: str, prefix: str, threads: int) -> Measured
         errors = sum(pool.map(delete, chunks))
     ended = time.perf_counter()
     if errors:
-        raise RuntimeError(f"the raw probe could not delete {errors} keys from {bucket}")
+        raise RuntimeError(f"{method} could not delete {errors} keys from {bucket}")
     return Measured(
-        f"raw probe (list, then DeleteObjects of {PROBE_BATCH} in {threads} threads)",
+        method,
         len(keys),
         ended - started,
         {"list": listed - started, "delete": ended - listed},
+        cpu={"client": time.process_time() - cpu_started},
     )
 
 

@@ -66,6 +66,7 @@ class Results:
     probes: list[Measured]
     #: Per layout, its runs paired with their probes; Celery's defaults first.
     pipelines: list[list[Paired]]
+    tuned: Measured
     aws: Measured
     naive: Measured
     scaling: Scaling | None
@@ -114,6 +115,15 @@ class Results:
                 f"delete {statistics.median(deletes):.1f} s",
             )
         )
+        tuned = self.tuned
+        rows.append(
+            Row(
+                tuned.method,
+                [tuned.seconds],
+                tuned.seconds / self.probe_seconds,
+                "list {list:.1f} s, delete {delete:.1f} s".format(**tuned.phases),
+            )
+        )
         for other in (self.aws, self.naive):
             note = ""
             if other.keys != self.keys:
@@ -151,9 +161,10 @@ def headline(results: Results) -> str:
         f"deleted {results.keys:,} expired digests end to end in {seconds:.1f} s "
         f"({results.keys / seconds:,.0f} keys/s, median of {len(results.best)} runs): "
         f"{results.layout_ratio(results.best):.2f}x the time of a raw list-then-DeleteObjects "
-        f"probe run just before it, {_speedup(results.aws, results):.0f}x faster than "
-        f"`aws s3 rm --recursive` and {_speedup(results.naive, results):.0f}x faster than a "
-        "one-DeleteObject-per-key loop."
+        f"probe run just before it; {_speedup(results.tuned, results):.1f}x faster than a "
+        f"tuned list-then-delete script with stock boto3, {_speedup(results.aws, results):.0f}x "
+        f"faster than `aws s3 rm --recursive` and {_speedup(results.naive, results):.0f}x "
+        "faster than a one-DeleteObject-per-key loop."
     )
 
 
@@ -269,27 +280,41 @@ def _check(ok: bool, text: str) -> str:
 def limits(results: Results) -> str:
     """What bounds the pipeline, read off this run's CPU accounting."""
     best = results.best_run
-    probe = results.probes[0]
-    server = best.cpu.get("weed", 0.0) / best.seconds
-    workers = sum(v for k, v in best.cpu.items() if k.startswith("worker")) / best.seconds
-    redis_share = best.cpu.get("redis", 0.0) / best.seconds
+    cores = results.machine.cores
+    weed = best.cpu.get("weed", 0.0)
+    workers = sum(v for k, v in best.cpu.items() if k.startswith("worker"))
+    redis_cpu = best.cpu.get("redis", 0.0)
+    probe_weed = statistics.median(p.cpu.get("weed", 0.0) for p in results.probes)
+    probe_client = statistics.median(p.cpu.get("client", 0.0) for p in results.probes)
     probe_list = statistics.median(p.phases.get("list", 0.0) for p in results.probes)
+    probe_delete = statistics.median(p.phases.get("delete", 0.0) for p in results.probes)
+    pipeline_cpu = weed + workers + redis_cpu
+    probe_cpu = probe_weed + probe_client
+    delete_phase = best.seconds - best.guard_seconds
     return "\n".join(
         [
-            f"- **The S3 server's CPU.** During the best run `weed` used {server:.2f} cores "
-            f"on average (of {results.machine.cores}), the workers {workers:.2f} and Redis "
-            f"{redis_share:.2f}.  The raw probe shows the same bound: its deletes ran at "
-            f"{probe.keys / probe.phases.get('delete', 1):,.0f} keys/s with "
-            "no orchestration at all, so most of the pipeline's wall time is the server "
-            "deleting, and the workers and the broker take what is left of the machine.",
+            f"- **The S3 server's CPU, shared with the pipeline.** `weed` spent {weed:.1f} CPU "
+            f"seconds in the best run ({weed / best.seconds:.2f} of {cores} cores on average) "
+            f"and {probe_weed:.1f} in a probe run: deleting {results.keys:,} keys costs the "
+            f"server about {probe_weed / results.keys * 1e6:.0f} µs of CPU each, whoever asks. "
+            f"The pipeline's own processes added {workers:.1f} s (workers: the sweep, Celery, "
+            f"botocore, the run store's scripts) and Redis {redis_cpu:.1f} s, against "
+            f"{probe_client:.1f} s for the probe's one process: {pipeline_cpu:.0f} CPU seconds "
+            f"in all against {probe_cpu:.0f}, on a machine where the server runs too.  Against "
+            "a remote S3 that overhead no longer competes with the server, and more workers "
+            "on more hosts add delete capacity; here they would only take CPU from `weed`.",
             f"- **The guard pass.** Nothing is deleted until every expired key has been "
-            f"counted against max_delete: {best.guard_seconds:.1f} s of the run "
-            f"({best.guard_seconds / best.seconds:.0%}), against {probe_list:.1f} s for the "
-            "probe's own listing with the same client.  The pipeline cannot overlap that part "
-            "with deleting; it overlaps the second listing (the publishing pass) instead.",
+            f"counted against max_delete: {best.guard_seconds:.1f} s "
+            f"({best.guard_seconds / best.seconds:.0%} of the run), like the probe's "
+            f"{probe_list:.1f} s of listing before its first delete.  The pipeline then deletes "
+            f"for {delete_phase:.1f} s against the probe's {probe_delete:.1f} s: its second "
+            "listing (the publishing pass) overlaps the deletes but takes server CPU from them, "
+            f"and the sweep was done publishing after {best.sweep_seconds:.1f} s, with delete "
+            f"slots waiting for it in {best.starved_share:.0%} of the samples.",
             f"- **Celery overhead** is small next to the DeleteObjects call: median "
             f"{best.overhead()[0] * 1000:.1f} ms per batch against "
-            f"{best.delete_call()[0] * 1000:.0f} ms for the call.",
+            f"{best.delete_call()[0] * 1000:.0f} ms for the call; the call is long because "
+            "many run at once on a busy server.",
         ]
     )
 
@@ -358,7 +383,10 @@ def markdown(results: Results, command: Sequence[str]) -> str:
             scaling_table(results.scaling),
             "",
             f"{keys:.0f}x the keys took {time_ratio:.1f}x the time, and the sweep's peak RSS "
-            f"changed by {rss:.2f}x: the sweep streams pages and holds no listing in memory.",
+            f"changed by {rss:.2f}x: the sweep streams pages and holds no listing in memory.  "
+            "The 120k bucket is one weekly folder, listed as one stream; the 1.2M bucket is ten "
+            "weekly folders, listed four at a time (see `digest_cleanup/kinds/s3_shards.py`), "
+            "so time grows a little less than the key count.",
             "",
         ]
     parts += [

@@ -11,15 +11,16 @@ writes BENCHMARKS.md at the repository root.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks import report, scaling
-from benchmarks.alternatives import Measured, aws_rm, naive_loop, raw_probe
-from benchmarks.environment import Machine, load_average
+from benchmarks.alternatives import Measured, aws_rm, naive_loop, raw_probe, reference_script
+from benchmarks.environment import Machine, cpu_seconds, load_average
 from benchmarks.pipeline import PREFIX, Layout, Runner
 from digest_cleanup.testing.seed import create_bucket, digest_layout_keys, seed_keys
 from digest_cleanup.testing.servers import RedisServer, WeedServer
@@ -43,6 +44,8 @@ DEFAULT_ROUNDS = 3
 #: Threads of the raw probe: the fastest on the reference machine (4, 8, 16, 32 and
 #: 64 were tried), as many requests in flight as the pipeline's layouts keep.
 DEFAULT_PROBE_THREADS = 16
+#: Threads of the tuned script: what the hand-written reference used.
+TUNED_THREADS = 4
 #: Subsets for the slow methods: a full 120k run of each would take 5 minutes or more.
 DEFAULT_AWS_KEYS = 20_000
 DEFAULT_NAIVE_KEYS = 10_000
@@ -102,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = Path(tmp)
         with RedisServer() as redis_server, WeedServer() as weed:
             endpoint = weed.endpoint_url
-            sizes = {bucket: args.keys for _, bucket, _ in plan}
+            sizes = {bucket: args.keys for _, bucket, _ in plan} | {"tuned": args.keys}
             sizes |= {
                 "aws": min(args.aws_keys, args.keys),
                 "naive": min(args.naive_keys, args.keys),
@@ -113,7 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for index, bucket, round_ in plan:
                 if index < 0:
                     say(f"round {round_ + 1}: raw probe, {args.probe_threads} threads")
-                    probes.append(raw_probe(endpoint, bucket, PREFIX, args.probe_threads))
+                    probe = functools.partial(
+                        raw_probe, endpoint, bucket, PREFIX, args.probe_threads
+                    )
+                    probes.append(_with_server_cpu(weed.pid or 0, probe))
                     _done(probes[-1].seconds, probes[-1].keys)
                     continue
                 layout = layouts[index]
@@ -121,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = runner.run(layout, bucket, args.keys)
                 pipelines[index].append(report.Paired(result, probes[-1]))
                 _done(result.seconds, result.keys, probes[-1])
+            say(f"tuned script, stock boto3, {TUNED_THREADS} threads")
+            tuned = _with_server_cpu(
+                weed.pid or 0, lambda: reference_script(endpoint, "tuned", PREFIX, TUNED_THREADS)
+            )
+            _done(tuned.seconds, tuned.keys, probes[-1])
             say("aws s3 rm --recursive")
             aws = aws_rm(endpoint, "aws", PREFIX, workdir / "aws")
             _done(aws.seconds, aws.keys)
@@ -140,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed_rate=seed_rate,
         probes=probes,
         pipelines=[pipelines[i] for i in range(len(layouts))],
+        tuned=tuned,
         aws=aws,
         naive=naive,
         scaling=scaled,
@@ -182,6 +194,14 @@ def _seed(endpoint: str, sizes: dict[str, int]) -> float:
         total, seconds = total + stats.count, seconds + stats.seconds
         say(f"  seeded {bucket}: {keys:,} keys at {stats.rate:,.0f} keys/s")
     return total / seconds if seconds else 0.0
+
+
+def _with_server_cpu(weed_pid: int, measure: Callable[[], Measured]) -> Measured:
+    """Run ``measure`` and add the S3 server's CPU seconds to what it reports."""
+    before = cpu_seconds(weed_pid)
+    measured = measure()
+    measured.cpu["weed"] = cpu_seconds(weed_pid) - before
+    return measured
 
 
 def _done(seconds: float, keys: int, probe: Measured | None = None) -> None:

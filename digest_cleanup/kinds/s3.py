@@ -29,7 +29,7 @@ from botocore.exceptions import (
 )
 
 from digest_cleanup.errors import PermanentError, TargetsFileError, TransientError
-from digest_cleanup.kinds import s3_listing
+from digest_cleanup.kinds import s3_listing, s3_shards
 from digest_cleanup.kinds.base import ItemResult, Outcome, Page, TargetKind, parse_dataclass
 from digest_cleanup.settings import Settings
 
@@ -141,20 +141,14 @@ class S3Kind(TargetKind):
                 yield from self._scan_current(cutoff, start_after)
 
     def _scan_current(self, cutoff: datetime, start_after: str | None) -> Iterator[Page]:
-        params: dict[str, Any] = {
-            "Bucket": self.options.bucket,
-            "Prefix": self.options.prefix,
-            "MaxKeys": LIST_PAGE_SIZE,
-        }
-        if start_after:
-            params["StartAfter"] = start_after
-        paginator = self.client.get_paginator("list_objects_v2")
-        for response in paginator.paginate(**params):
-            contents = response.get("Contents", [])
-            if not contents:
-                continue
+        # Weekly folders under the prefix are listed several at a time; the cursor
+        # is then the kind's own (see s3_shards), opaque to the sweep as always.
+        listing = s3_shards.pages(
+            self.client, self.options.bucket, self.options.prefix, start_after, LIST_PAGE_SIZE
+        )
+        for contents, cursor in listing:
             expired = [o["Key"] for o in contents if _aware(o["LastModified"]) < cutoff]
-            yield Page(scanned=len(contents), expired=expired, cursor=contents[-1]["Key"])
+            yield Page(scanned=len(contents), expired=expired, cursor=cursor)
 
     def _scan_versions(self, cutoff: datetime, start_after: str | None) -> Iterator[Page]:
         """Group versions by key; a key expires when its newest data version is old."""
