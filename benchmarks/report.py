@@ -299,8 +299,8 @@ def limits(results: Results) -> str:
             f"server about {probe_weed / results.keys * 1e6:.0f} µs of CPU each, whoever asks. "
             f"The pipeline's own processes added {workers:.1f} s (workers: the sweep, Celery, "
             f"botocore, the run store's scripts) and Redis {redis_cpu:.1f} s, against "
-            f"{probe_client:.1f} s for the probe's one process: {pipeline_cpu:.0f} CPU seconds "
-            f"in all against {probe_cpu:.0f}, on a machine where the server runs too.  Against "
+            f"{probe_client:.1f} s for the probe's one process: {pipeline_cpu:.1f} CPU seconds "
+            f"in all against {probe_cpu:.1f}, on a machine where the server runs too.  Against "
             "a remote S3 that overhead no longer competes with the server, and more workers "
             "on more hosts add delete capacity; here they would only take CPU from `weed`.",
             f"- **The guard pass.** Nothing is deleted until every expired key has been "

@@ -1,0 +1,224 @@
+"""Listing a prefix several sub-prefixes at a time, with a cursor that resumes exactly.
+
+ListObjectsV2 pages are sequential (each needs the previous one's position), so
+one listing keeps one request in flight, and the client and the server take
+turns.  A digest bucket groups keys by week (``statements/2026-10-18/...``), and
+the sub-prefixes one ``Delimiter="/"`` request names are independent ranges of
+the key space.  :func:`pages` lists up to :data:`LIST_SHARDS` of them at once on
+threads and yields pages as they arrive, from whichever sub-prefix has one.
+
+The pages then no longer come in key order, so a page's last key cannot be the
+cursor.  Instead each page carries a *sharded cursor*: a small JSON document,
+marked by a leading NUL (no S3 key can hold one: listings are XML 1.0), saying
+which sub-prefixes are finished, how far each open one got, and whether the keys
+directly under the prefix were given.  ``pages(start_after=that cursor)`` lists
+exactly what had not been given yet, so the sweep's checkpoints resume as
+before: nothing counted twice, nothing skipped.  A sub-prefix that appears only
+after a scan began sorts among the finished ones or not; either way its keys
+are newer than the cutoff, which a fresh upload or copy always is.
+
+Memory stays flat: the threads hand pages over through one bounded queue.  A
+prefix without a small set of sub-prefixes (fewer than two, or more than fit one
+delimited page) is listed sequentially with plain-key cursors, as before, and a
+scan keeps the cursor style it started with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+#: Sub-prefixes listed at the same time by one listing.  Measured on a 2-core
+#: machine against ``weed mini`` (four weekly folders): 2 streams listed 1.6x as
+#: fast as one, 4 streams 1.7x.
+LIST_SHARDS = 4
+#: Pages the listing threads may hold ready for the consumer, together.
+READ_AHEAD_PAGES = 2 * LIST_SHARDS
+#: Marks a sharded cursor; never the first character of an S3 key.
+MARK = "\x00"
+#: Seconds a blocked producer waits before checking whether the listing was dropped.
+_POLL_SECONDS = 0.2
+_DONE = object()
+
+Objects = list[dict[str, Any]]
+
+
+@dataclasses.dataclass
+class ShardCursor:
+    """How far a sharded listing got."""
+
+    #: Every sub-prefix up to and including this one is finished.
+    through: str = ""
+    #: Finished sub-prefixes past ``through``.
+    closed: list[str] = dataclasses.field(default_factory=list)
+    #: Started sub-prefixes and the last key given from each.
+    open: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Whether the keys directly under the prefix were given.
+    direct: bool = False
+
+    def encode(self) -> str:
+        return MARK + json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str) -> ShardCursor:
+        return cls(**json.loads(text[len(MARK) :]))
+
+    def done(self, sub: str) -> bool:
+        return sub <= self.through or sub in self.closed
+
+
+def pages(
+    client: Any, bucket: str, prefix: str, start_after: str | None, page_size: int
+) -> Iterator[tuple[Objects, str]]:
+    """Every object under ``prefix`` not yet given, page by page, each with its cursor."""
+    if start_after is not None and not start_after.startswith(MARK):
+        yield from _sequential(client, bucket, prefix, start_after, page_size, None)
+        return
+    resuming = start_after is not None
+    found = segments(client, bucket, prefix, page_size, complete=resuming)
+    if found is None:
+        yield from _sequential(client, bucket, prefix, None, page_size, None)
+        return
+    direct, subs = found
+    state = ShardCursor.decode(start_after) if start_after else ShardCursor()
+    if not state.direct:
+        state.direct = True
+        if direct:
+            yield direct, state.encode()
+    todo = [s for s in subs if not state.done(s)]
+    with _Lister(client, bucket, page_size) as lister:
+        for sub in todo[:LIST_SHARDS]:
+            lister.start(sub, state.open.get(sub))
+        waiting = todo[LIST_SHARDS:]
+        while lister.active:
+            sub, item = lister.next()
+            if item is _DONE:
+                _close(state, sub, subs)
+                if waiting:
+                    nxt = waiting.pop(0)
+                    lister.start(nxt, state.open.get(nxt))
+                continue
+            state.open[sub] = item[-1]["Key"]
+            yield item, state.encode()
+
+
+def segments(
+    client: Any, bucket: str, prefix: str, page_size: int, *, complete: bool = False
+) -> tuple[Objects, list[str]] | None:
+    """The keys directly under ``prefix`` and its sorted sub-prefixes, or None to list plainly.
+
+    A listing is sharded only when one delimited page names at least two
+    sub-prefixes; with ``complete`` (resuming a sharded listing) every page is read.
+    """
+    params: dict[str, Any] = {
+        "Bucket": bucket,
+        "Prefix": prefix,
+        "Delimiter": "/",
+        "MaxKeys": page_size,
+    }
+    direct: Objects = []
+    subs: list[str] = []
+    for response in client.get_paginator("list_objects_v2").paginate(**params):
+        direct += response.get("Contents", [])
+        subs += [p["Prefix"] for p in response.get("CommonPrefixes", [])]
+        if response.get("IsTruncated") and not complete:
+            return None
+    if len(subs) < 2 and not complete:
+        return None
+    return direct, sorted(subs)
+
+
+def _close(state: ShardCursor, sub: str, subs: list[str]) -> None:
+    """Mark ``sub`` finished and move ``through`` past every finished sub-prefix in order."""
+    state.open.pop(sub, None)
+    state.closed.append(sub)
+    for candidate in subs:
+        if candidate <= state.through:
+            continue
+        if candidate not in state.closed:
+            break
+        state.through = candidate
+        state.closed.remove(candidate)
+    state.closed.sort()
+
+
+def _sequential(
+    client: Any,
+    bucket: str,
+    prefix: str,
+    start_after: str | None,
+    page_size: int,
+    stop: threading.Event | None,
+) -> Iterator[tuple[Objects, str]]:
+    """One listing in key order; the cursor is the page's last key."""
+    params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
+    if start_after:
+        params["StartAfter"] = start_after
+    for response in client.get_paginator("list_objects_v2").paginate(**params):
+        if stop is not None and stop.is_set():
+            return
+        contents = response.get("Contents", [])
+        if contents:
+            yield contents, contents[-1]["Key"]
+
+
+class _Lister:
+    """Lists sub-prefixes on threads into one bounded queue of ``(sub-prefix, page)``."""
+
+    def __init__(self, client: Any, bucket: str, page_size: int) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.page_size = page_size
+        self.active: set[str] = set()
+        self.out: queue.Queue[tuple[str, Any]] = queue.Queue(READ_AHEAD_PAGES)
+        self.stop = threading.Event()
+        self.pool = ThreadPoolExecutor(LIST_SHARDS, thread_name_prefix="s3-list")
+
+    def start(self, sub: str, start_after: str | None) -> None:
+        self.active.add(sub)
+        self.pool.submit(self._produce, sub, start_after)
+
+    def next(self) -> tuple[str, Any]:
+        """The next page from any sub-prefix, or its end; a listing error is raised here."""
+        sub, item = self.out.get()
+        if item is _DONE:
+            self.active.discard(sub)
+        elif isinstance(item, BaseException):
+            raise item
+        return sub, item
+
+    def _produce(self, sub: str, start_after: str | None) -> None:
+        try:
+            for contents, _ in _sequential(
+                self.client, self.bucket, sub, start_after, self.page_size, self.stop
+            ):
+                if not self._put(sub, contents):
+                    return
+        except BaseException as exc:  # handed to the consumer, which raises it
+            self._put(sub, exc)
+            return
+        self._put(sub, _DONE)
+
+    def _put(self, sub: str, item: Any) -> bool:
+        """Queue ``item`` unless the listing was dropped; False once it was."""
+        while not self.stop.is_set():
+            try:
+                self.out.put((sub, item), timeout=_POLL_SECONDS)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __enter__(self) -> _Lister:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        # A sweep slice that runs out of time drops the listing mid-way: stop the
+        # producers instead of letting them list ahead for nobody.
+        self.stop.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
