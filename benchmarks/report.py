@@ -384,9 +384,9 @@ def markdown(results: Results, command: Sequence[str]) -> str:
             "",
             f"{keys:.0f}x the keys took {time_ratio:.1f}x the time, and the sweep's peak RSS "
             f"changed by {rss:.2f}x: the sweep streams pages and holds no listing in memory.  "
-            "The 120k bucket is one weekly folder, listed as one stream; the 1.2M bucket is ten "
-            "weekly folders, listed four at a time (see `digest_cleanup/kinds/s3_shards.py`), "
-            "so time grows a little less than the key count.",
+            "Time grows at most linearly: the 120k bucket is one weekly folder, listed as one "
+            "stream, while the 1.2M bucket's ten weekly folders are listed four at a time "
+            "(`digest_cleanup/kinds/s3_shards.py`), so it lists more keys per second.",
             "",
         ]
     parts += [

@@ -1,11 +1,13 @@
 """``make bench``: the 120k weekly run end to end, against the alternatives, in one run.
 
-It starts a ``weed mini`` and a Redis on free loopback ports, seeds a fresh copy
-of the same keys for every method, and measures in this order: the raw probe,
-the pipeline under each worker layout (Celery's defaults first), ``aws s3 rm
---recursive`` and the naive loop (on subsets, extrapolated).  Then a dry run over
-120k and 1.2M cached keys shows how the sweep scales.  It prints the table and
-writes BENCHMARKS.md at the repository root.
+It starts a ``weed mini`` and a Redis on free loopback ports and seeds a fresh
+copy of the same keys for every measurement.  In each of ``--rounds`` rounds it
+runs the raw probe, then the pipeline under each worker layout (Celery's
+defaults in the first round only), so every pipeline run is paired with the
+probe just before it.  Then it runs a tuned stock-boto3 script, ``aws s3 rm
+--recursive`` and a per-key loop (the last two on subsets, extrapolated), and a
+dry run over 120k and 1.2M cached keys shows how the sweep scales.  It prints the
+table and writes BENCHMARKS.md at the repository root.
 """
 
 from __future__ import annotations
