@@ -30,7 +30,7 @@ from digest_cleanup.errors import ItemError, PermanentError
 from digest_cleanup.kinds import TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.reports import finish_run
-from digest_cleanup.runs import now_iso
+from digest_cleanup.runs import epoch_of, now_iso
 from digest_cleanup.runtime import Runtime
 from digest_cleanup.targets import Target
 
@@ -326,13 +326,11 @@ def start(
 
 
 def _stalled(runtime: Runtime, fields: Any) -> bool:
-    last = fields.get("sweep_heartbeat") or fields.get("created_at")
-    if not last:
+    """True when the sweep has not checkpointed for longer than a redelivery would take."""
+    last = epoch_of(fields.get("sweep_heartbeat") or fields.get("created_at"))
+    if last is None:
         return True
-    age = datetime.fromisoformat(last.replace("Z", "+00:00")) - datetime.fromisoformat(
-        now_iso().replace("Z", "+00:00")
-    )
-    return -age.total_seconds() > runtime.settings.visibility_timeout + SLICE_SECONDS
+    return time.time() - last > runtime.settings.visibility_timeout + SLICE_SECONDS
 
 
 def on_slice_error(runtime: Runtime, run_id: str, exc: Exception) -> float | None:
