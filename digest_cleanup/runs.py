@@ -52,6 +52,7 @@ RUN_KEY_SUFFIXES = (
     "retry_codes",
     "retried_codes",
     "deliveries",
+    "staged",
 )
 #: Upper bounds (seconds) of the enqueue-to-acknowledgement latency histogram.
 LATENCY_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -300,6 +301,32 @@ class RunStore:
             args=[json.dumps(checkpoint), now_iso(), time.time(), len(new_batches), *new_batches],
         )
         return _text(result)
+
+    def stage(self, run_id: str, items: Sequence[str]) -> int:
+        """Append one page of expired items to the run's staged list; returns its length.
+
+        The guard pass stages what it counted, so publishing reads it back instead
+        of listing the target a second time (see :mod:`digest_cleanup.sweep`).
+        """
+        return int(self.redis.rpush(self.run_key(run_id, "staged"), json.dumps(list(items))))
+
+    def staged(self, run_id: str, start: int, count: int) -> list[list[str]]:
+        """Up to ``count`` staged pages from index ``start`` on, in the order they were staged."""
+        raw = self.redis.lrange(self.run_key(run_id, "staged"), start, start + count - 1)
+        return [list(json.loads(page)) for page in raw]
+
+    def keep_staged(self, run_id: str, pages: int) -> None:
+        """Keep the first ``pages`` staged pages and drop the rest (all of them for 0).
+
+        A guard slice that dies after staging a page but before its checkpoint
+        leaves that page behind; the next slice lists it again from the checkpoint's
+        cursor, so it drops the leftover first.
+        """
+        key = self.run_key(run_id, "staged")
+        if pages <= 0:
+            self.redis.delete(key)
+        else:
+            self.redis.ltrim(key, 0, pages - 1)
 
     def load_checkpoint(self, run_id: str) -> dict[str, Any] | None:
         raw = self.redis.get(self.run_key(run_id, "checkpoint"))

@@ -13,6 +13,11 @@ deleted harmlessly and counted once, and none is ever lost.
 
 Before it publishes anything, the sweep counts expired items (the *guard pass*)
 and refuses a run past the target's ``max_delete``: such a run deletes nothing.
+The guard pass *stages* each page's expired items in Redis as it counts them,
+so publishing reads them back instead of listing the target a second time:
+the listing is paid for once, and the first batches go out as soon as the
+guard has passed.  The staged pages live with the run's state; a run whose
+state is lost (Redis restarted empty) is swept again from the listing.
 """
 
 from __future__ import annotations
@@ -21,16 +26,16 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, Literal
 
 from digest_cleanup.batches import BatchPayload, backoff, batch_id
-from digest_cleanup.errors import ItemError, PermanentError
+from digest_cleanup.errors import ItemError, PermanentError, RunStateError
 from digest_cleanup.kinds import TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.reports import finish_run
-from digest_cleanup.runs import epoch_of, now_iso
+from digest_cleanup.runs import RunStore, epoch_of, now_iso
 from digest_cleanup.runtime import Runtime
 from digest_cleanup.targets import Target
 
@@ -40,6 +45,12 @@ logger = logging.getLogger("digest_cleanup.sweep")
 SLICE_SECONDS = 30.0
 #: Expired items a dry run shows as a sample.
 SAMPLE_SIZE = 20
+#: Most expired items the guard pass stages in Redis for publishing (about 60 bytes
+#: each there).  Only a forced run, or a max_delete raised past it, stages more;
+#: such a run lists its target a second time to publish instead.
+STAGE_LIMIT = 1_000_000
+#: Staged pages read from Redis at a time while publishing.
+STAGED_READ_PAGES = 8
 
 SliceResult = Literal["continue", "done", "attached", "failed", "missing"]
 Publish = Callable[[BatchPayload], None]
@@ -63,6 +74,11 @@ class Checkpoint:
     guard_expired: int = 0
     #: The run incarnation's token, stamped on every batch (see ``runs.RunStore.open``).
     run_token: str = ""
+    #: Pages of expired items the guard pass staged in Redis; -1 once staging stopped
+    #: (past :data:`STAGE_LIMIT`), and publishing lists the target again.
+    staged: int = 0
+    #: Staged pages publishing has taken.
+    read: int = 0
 
 
 def run_id_for(target: str, cutoff: datetime, *, dry_run: bool = False) -> str:
@@ -89,42 +105,74 @@ def sweep_slice(
         return "attached"
     try:
         target = runtime.target(run["target"])
-        kind = runtime.kind(target.name)
-        cutoff = datetime.fromisoformat(run["cutoff"])
         raw = store.load_checkpoint(run_id)
-        cp = Checkpoint(**raw) if raw else Checkpoint(run_token=run.fields.get("token", ""))
-        forced = run.fields.get("forced") == "1"
-        dry_run = run.fields.get("dry_run") == "1"
-        deadline = time.monotonic() + limit
-        if cp.phase == "guard":
-            if not _guard(runtime, run_id, target, kind, cutoff, cp, deadline, forced, dry_run):
+        sweep = _Slice(
+            runtime=runtime,
+            run_id=run_id,
+            target=target,
+            kind=runtime.kind(target.name),
+            cutoff=datetime.fromisoformat(run["cutoff"]),
+            cp=Checkpoint(**raw) if raw else Checkpoint(run_token=run.fields.get("token", "")),
+            deadline=time.monotonic() + limit,
+            forced=run.fields.get("forced") == "1",
+            dry_run=run.fields.get("dry_run") == "1",
+        )
+        if sweep.cp.phase == "guard":
+            if not _guard(sweep):
                 return "failed" if store.get(run_id).finished else "continue"
-            if dry_run:
+            if sweep.dry_run:
                 return "done"
-        return _publish(runtime, run_id, target, kind, cutoff, cp, deadline, publish)
+        return _publish(sweep, publish)
     finally:
         release = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
         store.redis.eval(release, 1, lease_key, token)
 
 
-def _guard(
-    runtime: Runtime,
-    run_id: str,
-    target: Target,
-    kind: TargetKind,
-    cutoff: datetime,
-    cp: Checkpoint,
-    deadline: float,
-    forced: bool,
-    dry_run: bool,
-) -> bool:
-    """Count expired items before anything is deleted; True once the guard has passed."""
-    store = runtime.store
-    limit = None if (forced or dry_run) else target.max_delete
-    for page in kind.scan(cutoff, start_after=cp.cursor):
+@dataclasses.dataclass
+class _Slice:
+    """What one sweep slice works with."""
+
+    runtime: Runtime
+    run_id: str
+    target: Target
+    kind: TargetKind
+    cutoff: datetime
+    cp: Checkpoint
+    deadline: float
+    forced: bool
+    dry_run: bool
+
+    @property
+    def store(self) -> RunStore:
+        return self.runtime.store
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def save(self, new_batches: list[str] | None = None) -> str:
+        return self.store.save_checkpoint(
+            self.run_id, dataclasses.asdict(self.cp), new_batches or []
+        )
+
+
+def _guard(sweep: _Slice) -> bool:
+    """Count expired items before anything is deleted; True once the guard has passed.
+
+    Unless this is a dry run, each page's expired items are also *staged* in
+    Redis, so that publishing reads them back instead of listing the target a
+    second time.  Staging stops (and publishing lists again) past
+    :data:`STAGE_LIMIT` items, which only a forced or very large run reaches.
+    """
+    store, cp, target, run_id = sweep.store, sweep.cp, sweep.target, sweep.run_id
+    limit = None if (sweep.forced or sweep.dry_run) else target.max_delete
+    staging = not sweep.dry_run and cp.staged >= 0
+    if staging:
+        # Pages a killed slice staged after its last checkpoint are listed again below.
+        store.keep_staged(run_id, cp.staged)
+    for page in sweep.kind.scan(sweep.cutoff, start_after=cp.cursor):
         cp.guard_listed += page.scanned
         cp.guard_expired += len(page.expired)
-        if dry_run and len(cp.sample) < SAMPLE_SIZE:
+        if sweep.dry_run and len(cp.sample) < SAMPLE_SIZE:
             cp.sample.extend(page.expired[: SAMPLE_SIZE - len(cp.sample)])
         if page.cursor is not None:
             cp.cursor = page.cursor
@@ -132,16 +180,23 @@ def _guard(
             message = (
                 f"more than {limit} expired items (max_delete for target {target.name}); nothing "
                 f"was deleted. If this is expected, raise max_delete in the targets file or run "
-                f"'digest-cleanup run {target.name} --cutoff {cutoff.isoformat()} --force'"
+                f"'digest-cleanup run {target.name} --cutoff {sweep.cutoff.isoformat()} --force'"
             )
+            store.keep_staged(run_id, 0)
             store.update(run_id, listed=cp.guard_listed, expired_seen=cp.guard_expired)
             store.fail(run_id, "max_delete_exceeded", message)
-            finish_run(runtime, run_id)
+            finish_run(sweep.runtime, run_id)
             return False
-        if time.monotonic() > deadline:
-            store.save_checkpoint(run_id, dataclasses.asdict(cp), [])
+        if staging and cp.guard_expired > STAGE_LIMIT:
+            store.keep_staged(run_id, 0)
+            cp.staged = -1
+            staging = False
+        elif staging and page.expired:
+            cp.staged = store.stage(run_id, page.expired)
+        if sweep.out_of_time():
+            sweep.save()
             return False
-    if dry_run:
+    if sweep.dry_run:
         store.update(
             run_id,
             listed=cp.guard_listed,
@@ -151,103 +206,111 @@ def _guard(
             status="complete",
             ended_at=now_iso(),
         )
-        finish_run(runtime, run_id)
+        finish_run(sweep.runtime, run_id)
         return True
     log_event(
         logger,
         "guard",
-        runtime.settings,
+        sweep.runtime.settings,
         run_id=run_id,
         expired=cp.guard_expired,
         max_delete=target.max_delete,
-        forced=forced,
+        forced=sweep.forced,
+        staged=staging,
     )
     cp.phase, cp.cursor = "publish", None
+    if staging:  # publishing reads the staged pages: everything was listed already
+        cp.listed = cp.guard_listed
     # The guard's count is the best estimate of the run's size while it streams.
     store.update(run_id, expired_seen=cp.guard_expired)
-    store.save_checkpoint(run_id, dataclasses.asdict(cp), [])
+    sweep.save()
     return True
 
 
-def _publish(
-    runtime: Runtime,
-    run_id: str,
-    target: Target,
-    kind: TargetKind,
-    cutoff: datetime,
-    cp: Checkpoint,
-    deadline: float,
-    publish: Publish,
-) -> SliceResult:
+def _publish(sweep: _Slice, publish: Publish) -> SliceResult:
+    cp = sweep.cp
     if cp.outbox:  # batches a crashed slice may not have sent
         for seq, items in cp.outbox:
-            publish(_payload(run_id, target, cutoff, seq, items, cp.run_token))
+            publish(_payload(sweep, seq, items))
         # Sent: a slice that now fails listing (and is retried) must not send them again.
         cp.outbox = []
-        runtime.store.save_checkpoint(run_id, dataclasses.asdict(cp), [])
-    for page in kind.scan(cutoff, start_after=cp.cursor):
-        cp.listed += page.scanned
-        cp.expired += len(page.expired)
-        cp.pending.extend(page.expired)
-        if page.cursor is not None:
-            cp.cursor = page.cursor
-        _emit(runtime, run_id, target, cutoff, cp, publish, final=False)
-        if time.monotonic() > deadline:
+        sweep.save()
+    for expired in _expired_pages(sweep):
+        cp.expired += len(expired)
+        cp.pending.extend(expired)
+        _emit(sweep, publish, final=False)
+        if sweep.out_of_time():
             # Handing over cleanly: the outbox went out, so the next slice must not resend it.
             cp.outbox = []
-            runtime.store.save_checkpoint(run_id, dataclasses.asdict(cp), [])
+            sweep.save()
             return "continue"
     cp.done = True
-    result = _emit(runtime, run_id, target, cutoff, cp, publish, final=True)
+    result = _emit(sweep, publish, final=True)
+    if cp.staged > 0:
+        sweep.store.keep_staged(sweep.run_id, 0)  # published: free the memory now
     log_event(
         logger,
         "sweep",
-        runtime.settings,
-        run_id=run_id,
+        sweep.runtime.settings,
+        run_id=sweep.run_id,
         listed=cp.listed,
         expired=cp.expired,
         batches=cp.seq,
     )
     if result == "finished":
-        finish_run(runtime, run_id)
+        finish_run(sweep.runtime, sweep.run_id)
     return "done"
 
 
-def _emit(
-    runtime: Runtime,
-    run_id: str,
-    target: Target,
-    cutoff: datetime,
-    cp: Checkpoint,
-    publish: Publish,
-    *,
-    final: bool,
-) -> str:
+def _expired_pages(sweep: _Slice) -> Iterator[list[str]]:
+    """The expired items to publish, a page at a time, advancing the checkpoint's position.
+
+    Staged pages are read back from Redis; without staging the target is listed
+    again from the checkpoint's cursor.
+    """
+    cp = sweep.cp
+    if cp.staged >= 0:
+        while cp.read < cp.staged:
+            pages = sweep.store.staged(sweep.run_id, cp.read, STAGED_READ_PAGES)
+            if not pages:
+                raise RunStateError(
+                    f"run {sweep.run_id}: {cp.staged - cp.read} staged pages are missing "
+                    "from Redis; trigger the run again to re-sweep it from the listing"
+                )
+            for items in pages:
+                cp.read += 1
+                yield items
+        return
+    for listed in sweep.kind.scan(sweep.cutoff, start_after=cp.cursor):
+        cp.listed += listed.scanned
+        if listed.cursor is not None:
+            cp.cursor = listed.cursor
+        yield listed.expired
+
+
+def _emit(sweep: _Slice, publish: Publish, *, final: bool) -> str:
     """Cut full batches from the pending items, checkpoint them, then publish them."""
+    cp, size = sweep.cp, sweep.target.batch_size
     outbox: list[list[Any]] = []
-    while len(cp.pending) >= target.batch_size or (final and cp.pending):
-        items, cp.pending = cp.pending[: target.batch_size], cp.pending[target.batch_size :]
+    while len(cp.pending) >= size or (final and cp.pending):
+        items, cp.pending = cp.pending[:size], cp.pending[size:]
         cp.seq += 1
         outbox.append([cp.seq, items])
     cp.outbox = outbox
-    result = runtime.store.save_checkpoint(
-        run_id, dataclasses.asdict(cp), [batch_id(run_id, seq) for seq, _ in outbox]
-    )
+    result = sweep.save([batch_id(sweep.run_id, seq) for seq, _ in outbox])
     for seq, items in outbox:
-        publish(_payload(run_id, target, cutoff, seq, items, cp.run_token))
+        publish(_payload(sweep, seq, items))
     return result
 
 
-def _payload(
-    run_id: str, target: Target, cutoff: datetime, seq: int, items: list[str], run_token: str
-) -> BatchPayload:
+def _payload(sweep: _Slice, seq: int, items: list[str]) -> BatchPayload:
     return BatchPayload(
-        run_id=run_id,
-        run_token=run_token,
-        target=target.name,
-        batch_id=batch_id(run_id, seq),
+        run_id=sweep.run_id,
+        run_token=sweep.cp.run_token,
+        target=sweep.target.name,
+        batch_id=batch_id(sweep.run_id, seq),
         seq=seq,
-        cutoff=cutoff.isoformat(),
+        cutoff=sweep.cutoff.isoformat(),
         items=items,
         published_at=time.time(),
     )

@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from digest_cleanup import sweep as sweep_module
 from digest_cleanup.batches import BatchPayload
+from digest_cleanup.errors import RunStateError
 from digest_cleanup.runtime import Runtime
 from digest_cleanup.settings import Settings
 from digest_cleanup.sweep import start, sweep_slice
@@ -96,3 +98,115 @@ def test_a_second_copy_of_a_slice_attaches_while_the_first_holds_the_lease(runti
 
     sweep_slice(runtime, run_id, publish)
     assert results == ["attached"]
+
+
+def _sweep_to_end(runtime: Runtime, run_id: str, **kwargs: float) -> list[BatchPayload]:
+    sent: list[BatchPayload] = []
+    result = "continue"
+    while result == "continue":
+        result = sweep_slice(runtime, run_id, sent.append, **kwargs)
+    assert result == "done"
+    return sent
+
+
+@pytest.fixture
+def scans(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    """Where each listing of the memory kind started: one entry per ``scan`` call."""
+    calls: list[str | None] = []
+    real = memory.MemoryKind.scan
+
+    def counting(self, cutoff, start_after=None):  # type: ignore[no-untyped-def]
+        calls.append(start_after)
+        return real(self, cutoff, start_after)
+
+    monkeypatch.setattr(memory.MemoryKind, "scan", counting)
+    return calls
+
+
+def test_publishing_reads_the_guard_pass_staged_pages_instead_of_listing_again(runtime, scans):
+    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+
+    sent = _sweep_to_end(runtime, run_id)
+
+    assert scans == [None]  # one listing, by the guard pass
+    assert [p.seq for p in sent] == list(range(1, 21))
+    assert [i for p in sent for i in p.items] == [f"snap/{i:05d}" for i in range(1000)]
+    run = runtime.store.get(run_id)
+    assert (run.count("listed"), run.count("expired"), run.count("batches")) == (1030, 1000, 20)
+    # the staged pages are freed once every batch is out
+    assert not runtime.store.redis.exists(runtime.store.run_key(run_id, "staged"))
+
+
+def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monkeypatch):
+    # Given guard slices that hand over after every page, one of which dies
+    # after staging its page but before its checkpoint
+    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    real_stage = runtime.store.stage
+    staged_calls = 0
+
+    def dying_stage(rid: str, items: list[str]) -> int:
+        nonlocal staged_calls
+        staged_calls += 1
+        length = real_stage(rid, items)
+        if staged_calls == 4:
+            raise Crash
+        return length
+
+    monkeypatch.setattr(runtime.store, "stage", dying_stage)
+    sent: list[BatchPayload] = []
+    results: list[str] = []
+    while not results or results[-1] in ("continue", "crashed"):
+        try:
+            results.append(sweep_slice(runtime, run_id, sent.append, slice_seconds=1e-9))
+        except Crash:
+            results.append("crashed")
+            runtime.store.redis.delete(runtime.store.run_key(run_id, "sweep_lease"))
+
+    # Then every expired item went out in exactly one batch, and the counts hold
+    assert "crashed" in results and results[-1] == "done"
+    items = [i for p in sent for i in p.items]
+    assert sorted(items) == [f"snap/{i:05d}" for i in range(1000)]
+    assert len(items) == len(set(items)) == 1000
+    run = runtime.store.get(run_id)
+    assert (run.count("expired"), run.count("batches"), run.count("inflight")) == (1000, 20, 20)
+
+
+def test_past_the_stage_limit_publishing_lists_the_target_again(runtime, scans, monkeypatch):
+    monkeypatch.setattr(sweep_module, "STAGE_LIMIT", 150)
+    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+
+    sent = _sweep_to_end(runtime, run_id)
+
+    assert scans == [None, None]  # the guard pass, then publishing
+    assert [i for p in sent for i in p.items] == [f"snap/{i:05d}" for i in range(1000)]
+    assert not runtime.store.redis.exists(runtime.store.run_key(run_id, "staged"))
+    run = runtime.store.get(run_id)
+    assert (run.count("listed"), run.count("expired"), run.count("batches")) == (1030, 1000, 20)
+
+
+def test_a_run_refused_by_max_delete_leaves_nothing_staged(runtime):
+    guarded = Runtime(runtime.settings, parse_targets(TARGETS + "max_delete = 250\n"))
+    try:
+        run_id = start(guarded, guarded.target("snapshots"), CUTOFF, lambda _: None).run_id
+        sent: list[BatchPayload] = []
+
+        assert sweep_slice(guarded, run_id, sent.append) == "failed"
+
+        assert sent == []
+        assert guarded.store.get(run_id)["reason"] == "max_delete_exceeded"
+        assert not guarded.store.redis.exists(guarded.store.run_key(run_id, "staged"))
+    finally:
+        guarded.close()
+
+
+def test_staged_pages_lost_from_redis_fail_the_slice_loudly(runtime):
+    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    sent: list[BatchPayload] = []
+    # the guard pass finishes; then the staged list disappears before publishing
+    while sweep_slice(runtime, run_id, sent.append, slice_seconds=1e-9) == "continue":
+        if runtime.store.load_checkpoint(run_id)["phase"] == "publish":  # type: ignore[index]
+            break
+    runtime.store.redis.delete(runtime.store.run_key(run_id, "staged"))
+
+    with pytest.raises(RunStateError, match="staged pages are missing"):
+        sweep_slice(runtime, run_id, sent.append)
