@@ -17,10 +17,21 @@ before: nothing counted twice, nothing skipped.  A sub-prefix that appears only
 after a scan began sorts among the finished ones or not; either way its keys
 are newer than the cutoff, which a fresh upload or copy always is.
 
+A prefix without a small set of sub-prefixes (fewer than two, or more than fit
+one delimited page), such as the one weekly folder a weekly run expires, is cut
+into *key ranges* instead, once its first page shows it is longer than a page.
+:func:`split` finds the boundaries with a few one-key listing requests: it
+follows the keys' common stem and the distinct characters that come after it,
+and cuts the character groups into :data:`LIST_SHARDS` runs, assuming sibling
+groups hold about as many keys each.  The ranges ``(lower, next lower]`` cover
+the key space exactly whatever the keys are; a poor guess only makes them
+uneven.  The boundaries travel in the cursor, so a resumed scan lists the very
+same ranges.
+
 Memory stays flat: the threads hand pages over through one bounded queue.  A
-prefix without a small set of sub-prefixes (fewer than two, or more than fit one
-delimited page) is listed sequentially with plain-key cursors, as before, and a
-scan keeps the cursor style it started with.
+listing of one page or less is listed sequentially with plain-key cursors, as
+is a scan resumed from a plain-key cursor: a scan keeps the cursor style it
+started with.
 """
 
 from __future__ import annotations
@@ -41,6 +52,13 @@ LIST_SHARDS = 4
 READ_AHEAD_PAGES = 2 * LIST_SHARDS
 #: Marks a sharded cursor; never the first character of an S3 key.
 MARK = "\x00"
+#: Sorts after every key that starts with a given stem followed by anything else
+#: (the highest code point; XML 1.0 allows it, so it can travel in a request).
+TOP = "\U0010ffff"
+#: One-key listing requests :func:`split` may spend finding the ranges.
+SPLIT_PROBES = 40
+#: Character groups :func:`split` aims for before cutting them into ranges.
+SPLIT_GROUPS = 4 * LIST_SHARDS
 #: Seconds a blocked producer waits before checking whether the listing was dropped.
 _POLL_SECONDS = 0.2
 _DONE = object()
@@ -60,6 +78,9 @@ class ShardCursor:
     open: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Whether the keys directly under the prefix were given.
     direct: bool = False
+    #: Key-range mode: the lower bound of each range, in order; a range runs up to
+    #: and including the next lower bound.  Empty in sub-prefix mode.
+    bounds: list[str] = dataclasses.field(default_factory=list)
 
     def encode(self) -> str:
         return MARK + json.dumps(dataclasses.asdict(self), separators=(",", ":"))
@@ -79,32 +100,178 @@ def pages(
     if start_after is not None and not start_after.startswith(MARK):
         yield from _sequential(client, bucket, prefix, start_after, page_size, None)
         return
-    resuming = start_after is not None
-    found = segments(client, bucket, prefix, page_size, complete=resuming)
+    state = ShardCursor.decode(start_after) if start_after else ShardCursor()
+    if state.bounds:
+        yield from _merged(client, bucket, prefix, page_size, state, _Ranges(prefix, state.bounds))
+        return
+    found = segments(client, bucket, prefix, page_size, complete=start_after is not None)
     if found is None:
-        yield from _sequential(client, bucket, prefix, None, page_size, None)
+        yield from _ranged(client, bucket, prefix, page_size)
         return
     direct, subs = found
-    state = ShardCursor.decode(start_after) if start_after else ShardCursor()
     if not state.direct:
         state.direct = True
         if direct:
             yield direct, state.encode()
-    todo = [s for s in subs if not state.done(s)]
+    yield from _merged(client, bucket, prefix, page_size, state, _SubPrefixes(subs))
+
+
+def _ranged(client: Any, bucket: str, prefix: str, page_size: int) -> Iterator[tuple[Objects, str]]:
+    """A prefix without sub-prefixes to shard by: its first page, then key ranges at once."""
+    first = client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=page_size)
+    contents: Objects = first.get("Contents", [])
+    if not contents:
+        return
+    last = contents[-1]["Key"]
+    bounds = split(client, bucket, prefix, last, LIST_SHARDS) if first.get("IsTruncated") else []
+    if not bounds:  # one page, or nothing to split by: carry on plainly
+        yield contents, last
+        if first.get("IsTruncated"):
+            yield from _sequential(client, bucket, prefix, last, page_size, None)
+        return
+    state = ShardCursor(direct=True, bounds=[last, *bounds])
+    yield contents, state.encode()
+    yield from _merged(client, bucket, prefix, page_size, state, _Ranges(prefix, state.bounds))
+
+
+def _merged(
+    client: Any,
+    bucket: str,
+    prefix: str,
+    page_size: int,
+    state: ShardCursor,
+    shards: _SubPrefixes | _Ranges,
+) -> Iterator[tuple[Objects, str]]:
+    """List the shards not finished yet, :data:`LIST_SHARDS` at once, as pages arrive."""
+    todo = [s for s in shards.ids if not state.done(s)]
     with _Lister(client, bucket, page_size) as lister:
-        for sub in todo[:LIST_SHARDS]:
-            lister.start(sub, state.open.get(sub))
+        for shard in todo[:LIST_SHARDS]:
+            lister.start(shard, *shards.listing(shard, state.open.get(shard)))
         waiting = todo[LIST_SHARDS:]
         while lister.active:
-            sub, item = lister.next()
+            shard, item = lister.next()
             if item is _DONE:
-                _close(state, sub, subs)
+                _close(state, shard, shards.ids)
                 if waiting:
                     nxt = waiting.pop(0)
-                    lister.start(nxt, state.open.get(nxt))
+                    lister.start(nxt, *shards.listing(nxt, state.open.get(nxt)))
                 continue
-            state.open[sub] = item[-1]["Key"]
+            state.open[shard] = item[-1]["Key"]
             yield item, state.encode()
+
+
+@dataclasses.dataclass(frozen=True)
+class _SubPrefixes:
+    """Shards named by sub-prefix: each lists its own prefix to the end."""
+
+    ids: list[str]
+
+    def listing(self, shard: str, given: str | None) -> tuple[str, str | None, str | None]:
+        return shard, given, None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ranges:
+    """Shards named by lower bound: each lists the prefix up to the next lower bound."""
+
+    prefix: str
+    ids: list[str]
+
+    def listing(self, shard: str, given: str | None) -> tuple[str, str | None, str | None]:
+        at = self.ids.index(shard)
+        upper = self.ids[at + 1] if at + 1 < len(self.ids) else None
+        return self.prefix, given or shard, upper
+
+
+def split(client: Any, bucket: str, prefix: str, after: str, parts: int) -> list[str]:
+    """Up to ``parts - 1`` boundaries that cut the keys under ``prefix`` after ``after``.
+
+    It costs at most :data:`SPLIT_PROBES` one-key listing requests.  The common
+    stem of the remaining keys is found by bisection; then the heaviest character
+    group is opened into its children (one request per distinct next character)
+    until there are :data:`SPLIT_GROUPS` groups, siblings weighing the same.  The
+    boundaries are cut between groups at equal shares of weight.  An empty list
+    means there is nothing worth splitting.
+    """
+    probe = _Probe(client, bucket, prefix, after)
+    first = probe.next_after(after)
+    if first is None:
+        return []
+    groups: dict[str, float] = {probe.stem(first): 1.0}
+    leaves: set[str] = set()
+    while len(groups) < SPLIT_GROUPS:
+        open_ = [g for g in groups if g not in leaves]
+        if not open_:
+            break
+        heaviest = max(open_, key=lambda g: (groups[g], g))
+        children = probe.children(heaviest)
+        if children is None:  # out of requests
+            break
+        if not children:
+            leaves.add(heaviest)
+            continue
+        weight = groups.pop(heaviest) / len(children)
+        groups.update((heaviest + c, weight) for c in children)
+    return _cut(sorted(groups.items()), parts, after)
+
+
+def _cut(groups: list[tuple[str, float]], parts: int, after: str) -> list[str]:
+    """Boundaries after the groups where the running weight crosses each share."""
+    total = sum(w for _, w in groups)
+    bounds: list[str] = []
+    running = 0.0
+    for stem, weight in groups[:-1]:
+        running += weight
+        if running >= total * (len(bounds) + 1) / parts - 1e-9:
+            bound = stem + TOP
+            if bound > after and (not bounds or bound > bounds[-1]):
+                bounds.append(bound)
+        if len(bounds) == parts - 1:
+            break
+    return bounds
+
+
+class _Probe:
+    """One-key listing requests under a prefix, within a budget."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str, after: str) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix
+        self.after = after
+        self.left = SPLIT_PROBES
+
+    def next_after(self, key: str) -> str | None:
+        """The first key under the prefix that sorts after ``key``, if any."""
+        self.left -= 1
+        response = self.client.list_objects_v2(
+            Bucket=self.bucket, Prefix=self.prefix, StartAfter=key, MaxKeys=1
+        )
+        contents = response.get("Contents") or []
+        return str(contents[0]["Key"]) if contents else None
+
+    def stem(self, first: str) -> str:
+        """The longest start of ``first`` that every remaining key shares (by bisection)."""
+        low, high = len(self.prefix), len(first)  # the prefix is shared; the whole key may not be
+        while low < high and self.left > 0:
+            mid = (low + high + 1) // 2
+            if self.next_after(first[:mid] + TOP) is None:
+                low = mid
+            else:
+                high = mid - 1
+        return first[:low]
+
+    def children(self, stem: str) -> list[str] | None:
+        """The distinct characters after ``stem`` in the remaining keys; None past the budget."""
+        found: list[str] = []
+        after = max(stem, self.after)
+        while self.left > 0:
+            key = self.next_after(after)
+            if key is None or not key.startswith(stem) or len(key) == len(stem):
+                return found
+            found.append(key[len(stem)])
+            after = stem + found[-1] + TOP
+        return None
 
 
 def segments(
@@ -154,8 +321,9 @@ def _sequential(
     start_after: str | None,
     page_size: int,
     stop: threading.Event | None,
+    through: str | None = None,
 ) -> Iterator[tuple[Objects, str]]:
-    """One listing in key order; the cursor is the page's last key."""
+    """One listing in key order, up to and including ``through``; the cursor is the last key."""
     params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
     if start_after:
         params["StartAfter"] = start_after
@@ -163,6 +331,11 @@ def _sequential(
         if stop is not None and stop.is_set():
             return
         contents = response.get("Contents", [])
+        if through is not None and contents and contents[-1]["Key"] > through:
+            contents = [o for o in contents if o["Key"] <= through]
+            if contents:
+                yield contents, contents[-1]["Key"]
+            return
         if contents:
             yield contents, contents[-1]["Key"]
 
@@ -179,9 +352,9 @@ class _Lister:
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(LIST_SHARDS, thread_name_prefix="s3-list")
 
-    def start(self, sub: str, start_after: str | None) -> None:
-        self.active.add(sub)
-        self.pool.submit(self._produce, sub, start_after)
+    def start(self, shard: str, prefix: str, start_after: str | None, through: str | None) -> None:
+        self.active.add(shard)
+        self.pool.submit(self._produce, shard, prefix, start_after, through)
 
     def next(self) -> tuple[str, Any]:
         """The next page from any sub-prefix, or its end; a listing error is raised here."""
@@ -192,17 +365,19 @@ class _Lister:
             raise item
         return sub, item
 
-    def _produce(self, sub: str, start_after: str | None) -> None:
+    def _produce(
+        self, shard: str, prefix: str, start_after: str | None, through: str | None
+    ) -> None:
         try:
             for contents, _ in _sequential(
-                self.client, self.bucket, sub, start_after, self.page_size, self.stop
+                self.client, self.bucket, prefix, start_after, self.page_size, self.stop, through
             ):
-                if not self._put(sub, contents):
+                if not self._put(shard, contents):
                     return
         except BaseException as exc:  # handed to the consumer, which raises it
-            self._put(sub, exc)
+            self._put(shard, exc)
             return
-        self._put(sub, _DONE)
+        self._put(shard, _DONE)
 
     def _put(self, sub: str, item: Any) -> bool:
         """Queue ``item`` unless the listing was dropped; False once it was."""

@@ -154,16 +154,36 @@ def test_a_listing_error_in_one_sub_prefix_reaches_the_scan(kind):
         scanned(kind)
 
 
-def test_a_prefix_without_sub_prefixes_is_listed_plainly(weed, bucket):
-    flat = [f"flat/cust-{i:05d}.pdf" for i in range(1500)]
+def test_a_prefix_without_sub_prefixes_is_listed_in_key_ranges(weed, bucket):
+    # Given one folder of 3,500 keys (no sub-prefixes to shard by)
+    flat = [f"flat/cust-{i:05d}.pdf" for i in range(3500)]
     seed_keys(weed.endpoint_url, bucket, flat)
     kind = make_kind(weed, bucket, "flat/")
+    assert s3_shards.segments(kind.client, bucket, "flat/", 1000) is None
+
+    # When it is scanned
+    pages = list(kind.scan(FUTURE))
+
+    # Then after its first page it is listed as several key ranges, every key once
+    assert [k for page in pages for k in page.expired][:1000] == flat[:1000]
+    assert Counter(k for page in pages for k in page.expired) == Counter(flat)
+    state = s3_shards.ShardCursor.decode(pages[-1].cursor or "")
+    assert state.bounds[0] == flat[999] and len(state.bounds) == s3_shards.LIST_SHARDS
+    # and resuming after any page gives exactly the rest
+    for i in range(len(pages)):
+        given = [k for page in pages[: i + 1] for k in page.expired]
+        assert Counter(given + scanned(kind, pages[i].cursor)) == Counter(flat), i
+
+
+def test_a_prefix_of_one_page_is_listed_plainly(weed, bucket):
+    few = [f"few/cust-{i:05d}.pdf" for i in range(600)]
+    seed_keys(weed.endpoint_url, bucket, few)
+    kind = make_kind(weed, bucket, "few/")
 
     pages = list(kind.scan(FUTURE))
 
-    assert s3_shards.segments(kind.client, bucket, "flat/", 1000) is None
-    assert [k for page in pages for k in page.expired] == flat
-    assert [page.cursor for page in pages] == [flat[999], flat[-1]]
+    assert [k for page in pages for k in page.expired] == few
+    assert [page.cursor for page in pages] == [few[-1]]
 
 
 def test_a_sweep_sliced_page_by_page_publishes_every_key_once(weed, sharded_bucket, redis_url):
