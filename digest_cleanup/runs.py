@@ -302,31 +302,32 @@ class RunStore:
         )
         return _text(result)
 
-    def stage(self, run_id: str, items: Sequence[str]) -> int:
-        """Append one page of expired items to the run's staged list; returns its length.
+    def stage(self, run_id: str, batches: Sequence[Sequence[str]]) -> int:
+        """Append batches of expired items to the run's staged list; returns its length.
 
-        The guard pass stages what it counted, so publishing reads it back instead
-        of listing the target a second time (see :mod:`digest_cleanup.sweep`).
-        """
-        return int(self.redis.rpush(self.run_key(run_id, "staged"), json.dumps(list(items))))
-
-    def staged(self, run_id: str, start: int, count: int) -> list[list[str]]:
-        """Up to ``count`` staged pages from index ``start`` on, in the order they were staged."""
-        raw = self.redis.lrange(self.run_key(run_id, "staged"), start, start + count - 1)
-        return [list(json.loads(page)) for page in raw]
-
-    def keep_staged(self, run_id: str, pages: int) -> None:
-        """Keep the first ``pages`` staged pages and drop the rest (all of them for 0).
-
-        A guard slice that dies after staging a page but before its checkpoint
-        leaves that page behind; the next slice lists it again from the checkpoint's
-        cursor, so it drops the leftover first.
+        The guard pass stages what it counted, so publishing reads the batches back
+        instead of listing the target a second time (see :mod:`digest_cleanup.sweep`).
         """
         key = self.run_key(run_id, "staged")
-        if pages <= 0:
+        return int(self.redis.rpush(key, *(json.dumps(list(b)) for b in batches)))
+
+    def staged(self, run_id: str, start: int, count: int) -> list[list[str]]:
+        """Up to ``count`` staged batches from index ``start`` on, in the order staged."""
+        raw = self.redis.lrange(self.run_key(run_id, "staged"), start, start + count - 1)
+        return [list(json.loads(batch)) for batch in raw]
+
+    def keep_staged(self, run_id: str, batches: int) -> None:
+        """Keep the first ``batches`` staged batches and drop the rest (all of them for 0).
+
+        A guard slice that dies after staging a batch but before its checkpoint
+        leaves that batch behind; the next slice lists its items again from the
+        checkpoint's cursor, so it drops the leftover first.
+        """
+        key = self.run_key(run_id, "staged")
+        if batches <= 0:
             self.redis.delete(key)
         else:
-            self.redis.ltrim(key, 0, pages - 1)
+            self.redis.ltrim(key, 0, batches - 1)
 
     def load_checkpoint(self, run_id: str) -> dict[str, Any] | None:
         raw = self.redis.get(self.run_key(run_id, "checkpoint"))

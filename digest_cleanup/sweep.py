@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
@@ -49,8 +49,8 @@ SAMPLE_SIZE = 20
 #: each there).  Only a forced run, or a max_delete raised past it, stages more;
 #: such a run lists its target a second time to publish instead.
 STAGE_LIMIT = 1_000_000
-#: Staged pages read from Redis at a time while publishing.
-STAGED_READ_PAGES = 8
+#: Staged batches read from Redis, checkpointed and published at a time.
+STAGED_READ_BATCHES = 16
 
 SliceResult = Literal["continue", "done", "attached", "failed", "missing"]
 Publish = Callable[[BatchPayload], None]
@@ -74,11 +74,12 @@ class Checkpoint:
     guard_expired: int = 0
     #: The run incarnation's token, stamped on every batch (see ``runs.RunStore.open``).
     run_token: str = ""
-    #: Pages of expired items the guard pass staged in Redis; -1 once staging stopped
-    #: (past :data:`STAGE_LIMIT`), and publishing lists the target again.
+    #: Batches the guard pass staged in Redis; -1 once staging stopped (past
+    #: :data:`STAGE_LIMIT`), and publishing lists the target again.
     staged: int = 0
-    #: Staged pages publishing has taken.
+    #: Staged batches counted in flight, and those known to be published.
     read: int = 0
+    sent: int = 0
 
 
 def run_id_for(target: str, cutoff: datetime, *, dry_run: bool = False) -> str:
@@ -158,16 +159,17 @@ class _Slice:
 def _guard(sweep: _Slice) -> bool:
     """Count expired items before anything is deleted; True once the guard has passed.
 
-    Unless this is a dry run, each page's expired items are also *staged* in
-    Redis, so that publishing reads them back instead of listing the target a
-    second time.  Staging stops (and publishing lists again) past
-    :data:`STAGE_LIMIT` items, which only a forced or very large run reaches.
+    Unless this is a dry run, the expired items are also cut into batches and
+    *staged* in Redis as the pages arrive, so that publishing reads the batches
+    back instead of listing the target a second time.  Staging stops (and
+    publishing lists again) past :data:`STAGE_LIMIT` items, which only a forced
+    or very large run reaches.
     """
     store, cp, target, run_id = sweep.store, sweep.cp, sweep.target, sweep.run_id
     limit = None if (sweep.forced or sweep.dry_run) else target.max_delete
     staging = not sweep.dry_run and cp.staged >= 0
     if staging:
-        # Pages a killed slice staged after its last checkpoint are listed again below.
+        # Batches a killed slice staged after its last checkpoint are listed again below.
         store.keep_staged(run_id, cp.staged)
     for page in sweep.kind.scan(sweep.cutoff, start_after=cp.cursor):
         cp.guard_listed += page.scanned
@@ -189,10 +191,10 @@ def _guard(sweep: _Slice) -> bool:
             return False
         if staging and cp.guard_expired > STAGE_LIMIT:
             store.keep_staged(run_id, 0)
-            cp.staged = -1
-            staging = False
-        elif staging and page.expired:
-            cp.staged = store.stage(run_id, page.expired)
+            cp.staged, cp.pending, staging = -1, [], False
+        elif staging:
+            cp.pending.extend(page.expired)
+            _stage(sweep, final=False)
         if sweep.out_of_time():
             sweep.save()
             return False
@@ -208,6 +210,9 @@ def _guard(sweep: _Slice) -> bool:
         )
         finish_run(sweep.runtime, run_id)
         return True
+    if staging:  # publishing reads the staged batches: everything was listed already
+        _stage(sweep, final=True)
+        cp.listed = cp.guard_listed
     log_event(
         logger,
         "guard",
@@ -219,15 +224,68 @@ def _guard(sweep: _Slice) -> bool:
         staged=staging,
     )
     cp.phase, cp.cursor = "publish", None
-    if staging:  # publishing reads the staged pages: everything was listed already
-        cp.listed = cp.guard_listed
     # The guard's count is the best estimate of the run's size while it streams.
     store.update(run_id, expired_seen=cp.guard_expired)
     sweep.save()
     return True
 
 
+def _stage(sweep: _Slice, *, final: bool) -> None:
+    """Stage the full batches in the pending items (and the rest too when ``final``)."""
+    cp, size = sweep.cp, sweep.target.batch_size
+    cut = len(cp.pending) if final else len(cp.pending) - len(cp.pending) % size
+    if cut:
+        batches = [cp.pending[i : i + size] for i in range(0, cut, size)]
+        cp.pending = cp.pending[cut:]
+        cp.staged = sweep.store.stage(sweep.run_id, batches)
+
+
 def _publish(sweep: _Slice, publish: Publish) -> SliceResult:
+    if sweep.cp.staged >= 0:
+        return _publish_staged(sweep, publish)
+    return _publish_listed(sweep, publish)
+
+
+def _publish_staged(sweep: _Slice, publish: Publish) -> SliceResult:
+    """Publish the staged batches, :data:`STAGED_READ_BATCHES` per checkpoint.
+
+    Staged batch ``n`` is published as sequence number ``n + 1``.  A checkpoint
+    counts a chunk of batches in flight *before* they are published; ``sent``
+    catches up after, so a slice that died in between sends that chunk again.
+    """
+    cp, store, run_id = sweep.cp, sweep.store, sweep.run_id
+    if cp.sent < cp.read:  # batches a crashed slice may not have sent
+        for offset, items in enumerate(_read_staged(sweep, cp.sent, cp.read - cp.sent)):
+            publish(_payload(sweep, cp.sent + offset + 1, items))
+        cp.sent = cp.read
+    while cp.read < cp.staged:
+        first = cp.read
+        chunk = _read_staged(sweep, first, STAGED_READ_BATCHES)
+        cp.read = cp.seq = first + len(chunk)
+        cp.expired += sum(len(items) for items in chunk)
+        sweep.save([batch_id(run_id, seq) for seq in range(first + 1, cp.read + 1)])
+        for offset, items in enumerate(chunk):
+            publish(_payload(sweep, first + offset + 1, items))
+        cp.sent = cp.read
+        if cp.read < cp.staged and sweep.out_of_time():
+            sweep.save()
+            return "continue"
+    store.keep_staged(run_id, 0)  # every batch is out: free the memory now
+    return _done(sweep)
+
+
+def _read_staged(sweep: _Slice, start: int, count: int) -> list[list[str]]:
+    chunk = sweep.store.staged(sweep.run_id, start, min(count, sweep.cp.staged - start))
+    if not chunk:
+        raise RunStateError(
+            f"run {sweep.run_id}: {sweep.cp.staged - start} staged batches are missing from "
+            "Redis; trigger the run again to re-sweep it from the listing"
+        )
+    return chunk
+
+
+def _publish_listed(sweep: _Slice, publish: Publish) -> SliceResult:
+    """List the target again and publish batches as pages arrive (when nothing was staged)."""
     cp = sweep.cp
     if cp.outbox:  # batches a crashed slice may not have sent
         for seq, items in cp.outbox:
@@ -235,19 +293,32 @@ def _publish(sweep: _Slice, publish: Publish) -> SliceResult:
         # Sent: a slice that now fails listing (and is retried) must not send them again.
         cp.outbox = []
         sweep.save()
-    for expired in _expired_pages(sweep):
-        cp.expired += len(expired)
-        cp.pending.extend(expired)
+    for page in sweep.kind.scan(sweep.cutoff, start_after=cp.cursor):
+        cp.listed += page.scanned
+        cp.expired += len(page.expired)
+        cp.pending.extend(page.expired)
+        if page.cursor is not None:
+            cp.cursor = page.cursor
         _emit(sweep, publish, final=False)
         if sweep.out_of_time():
             # Handing over cleanly: the outbox went out, so the next slice must not resend it.
             cp.outbox = []
             sweep.save()
             return "continue"
+    _emit(sweep, publish, final=True)
+    cp.outbox = []
+    return _done(sweep)
+
+
+def _done(sweep: _Slice) -> SliceResult:
+    """Mark the sweep done, only after its last batches went out.
+
+    A sweep marked done is never resumed, so a slice that died between marking
+    it and publishing would leave batches in flight that nobody sends.
+    """
+    cp = sweep.cp
     cp.done = True
-    result = _emit(sweep, publish, final=True)
-    if cp.staged > 0:
-        sweep.store.keep_staged(sweep.run_id, 0)  # published: free the memory now
+    result = sweep.save()
     log_event(
         logger,
         "sweep",
@@ -262,33 +333,7 @@ def _publish(sweep: _Slice, publish: Publish) -> SliceResult:
     return "done"
 
 
-def _expired_pages(sweep: _Slice) -> Iterator[list[str]]:
-    """The expired items to publish, a page at a time, advancing the checkpoint's position.
-
-    Staged pages are read back from Redis; without staging the target is listed
-    again from the checkpoint's cursor.
-    """
-    cp = sweep.cp
-    if cp.staged >= 0:
-        while cp.read < cp.staged:
-            pages = sweep.store.staged(sweep.run_id, cp.read, STAGED_READ_PAGES)
-            if not pages:
-                raise RunStateError(
-                    f"run {sweep.run_id}: {cp.staged - cp.read} staged pages are missing "
-                    "from Redis; trigger the run again to re-sweep it from the listing"
-                )
-            for items in pages:
-                cp.read += 1
-                yield items
-        return
-    for listed in sweep.kind.scan(sweep.cutoff, start_after=cp.cursor):
-        cp.listed += listed.scanned
-        if listed.cursor is not None:
-            cp.cursor = listed.cursor
-        yield listed.expired
-
-
-def _emit(sweep: _Slice, publish: Publish, *, final: bool) -> str:
+def _emit(sweep: _Slice, publish: Publish, *, final: bool) -> None:
     """Cut full batches from the pending items, checkpoint them, then publish them."""
     cp, size = sweep.cp, sweep.target.batch_size
     outbox: list[list[Any]] = []
@@ -297,10 +342,9 @@ def _emit(sweep: _Slice, publish: Publish, *, final: bool) -> str:
         cp.seq += 1
         outbox.append([cp.seq, items])
     cp.outbox = outbox
-    result = sweep.save([batch_id(sweep.run_id, seq) for seq, _ in outbox])
+    sweep.save([batch_id(sweep.run_id, seq) for seq, _ in outbox])
     for seq, items in outbox:
         publish(_payload(sweep, seq, items))
-    return result
 
 
 def _payload(sweep: _Slice, seq: int, items: list[str]) -> BatchPayload:

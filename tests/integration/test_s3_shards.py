@@ -168,7 +168,8 @@ def test_a_prefix_without_sub_prefixes_is_listed_in_key_ranges(weed, bucket):
     assert [k for page in pages for k in page.expired][:1000] == flat[:1000]
     assert Counter(k for page in pages for k in page.expired) == Counter(flat)
     state = s3_shards.ShardCursor.decode(pages[-1].cursor or "")
-    assert state.bounds[0] == flat[999] and len(state.bounds) == s3_shards.LIST_SHARDS
+    assert state.bounds[0] == flat[999]
+    assert len(state.bounds) == s3_shards.LIST_SHARDS
     # and resuming after any page gives exactly the rest
     for i in range(len(pages)):
         given = [k for page in pages[: i + 1] for k in page.expired]
@@ -210,7 +211,7 @@ def test_a_sweep_sliced_page_by_page_publishes_every_key_once(weed, sharded_buck
 
     # Then every expired key went out in exactly one batch, and the run agrees
     assert results[-1] == "done"
-    assert len(results) > 10
+    assert results.count("continue") > 5  # the listing spanned many slices
     assert Counter(k for p in sent for k in p.items) == Counter(KEYS)
     run = runtime.store.get(run_id)
     assert (run.count("listed"), run.count("expired")) == (len(KEYS), len(KEYS))

@@ -45,35 +45,81 @@ def runtime(redis_url: str) -> Iterator[Runtime]:
     memory.reset("sweep")
 
 
-def test_a_crashed_sweep_resumes_from_its_checkpoint_and_loses_no_batch(runtime):
-    # Given a run whose sweep dies right after publishing its seventh batch
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
-    published: list[str] = []
+def _crash_and_resume(runtime: Runtime, run_id: str, crash_at: int) -> tuple[list, list]:
+    """Run a slice that dies after publishing ``crash_at`` batches, then its redelivery."""
+    published: list[BatchPayload] = []
 
     def crashing(payload: BatchPayload) -> None:
-        published.append(payload.batch_id)
-        if len(published) == 7:
+        published.append(payload)
+        if len(published) == crash_at:
             raise Crash
 
     with pytest.raises(Crash):
         sweep_slice(runtime, run_id, crashing)
-
-    # When the redelivered slice runs again
+    runtime.store.redis.delete(runtime.store.run_key(run_id, "sweep_lease"))
     resumed: list[BatchPayload] = []
     assert sweep_slice(runtime, run_id, resumed.append) == "done"
+    return published, resumed
 
-    # Then every batch was published, only the crashed page's outbox twice
-    all_ids = published + [p.batch_id for p in resumed]
-    assert set(all_ids) == {f"{run_id}-b{n:05d}" for n in range(1, 21)}
-    twice = sorted(b for b, n in Counter(all_ids).items() if n > 1)
-    assert twice == [f"{run_id}-b00007"]  # its page's outbox was b00007 and b00008
-    # and the republished batch has exactly the same items as the first time would have
-    items = {p.batch_id: p.items for p in resumed}
-    assert items[f"{run_id}-b00007"] == [f"snap/{i:05d}" for i in range(300, 350)]
-    # and the run counts each batch in flight once
+
+def _assert_every_batch_once_in_the_run(runtime: Runtime, run_id: str, sent: list) -> None:
+    assert {p.batch_id for p in sent} == {f"{run_id}-b{n:05d}" for n in range(1, 21)}
+    by_id: dict[str, list[str]] = {}
+    for p in sent:  # a batch published twice has the same items both times
+        assert by_id.setdefault(p.batch_id, p.items) == p.items
+    assert sorted(i for items in by_id.values() for i in items) == [
+        f"snap/{i:05d}" for i in range(1000)
+    ]
     run = runtime.store.get(run_id)
     assert (run.count("batches"), run.count("inflight")) == (20, 20)
     assert (run.count("listed"), run.count("expired")) == (1030, 1000)
+    assert run.fields.get("sweep_done") == "1"
+
+
+def test_a_crashed_sweep_resumes_from_its_checkpoint_and_loses_no_batch(runtime):
+    # Given a run whose sweep dies right after publishing its seventh batch
+    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+
+    # When the redelivered slice runs again
+    published, resumed = _crash_and_resume(runtime, run_id, crash_at=7)
+
+    # Then every batch was published, and only the chunk counted in flight when it
+    # died went out twice: the seven it had sent
+    sent = published + resumed
+    _assert_every_batch_once_in_the_run(runtime, run_id, sent)
+    twice = sorted(b for b, n in Counter(p.batch_id for p in sent).items() if n > 1)
+    assert twice == [f"{run_id}-b{n:05d}" for n in range(1, 8)]
+    assert sweep_module.STAGED_READ_BATCHES >= 7
+
+
+def test_a_sweep_that_lists_again_resends_only_the_crashed_pages_outbox(runtime, monkeypatch):
+    # Given a run too big to stage, whose sweep dies after publishing its seventh batch
+    monkeypatch.setattr(sweep_module, "STAGE_LIMIT", 150)
+    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+
+    published, resumed = _crash_and_resume(runtime, run_id, crash_at=7)
+
+    # Then only the crashed page's outbox (b00007 and b00008) went out again
+    sent = published + resumed
+    _assert_every_batch_once_in_the_run(runtime, run_id, sent)
+    twice = sorted(b for b, n in Counter(p.batch_id for p in sent).items() if n > 1)
+    assert twice == [f"{run_id}-b00007"]
+
+
+@pytest.mark.parametrize("stage_limit", [sweep_module.STAGE_LIMIT, 150], ids=["staged", "listed"])
+def test_a_sweep_killed_while_sending_its_last_batches_sends_them_on_resume(
+    runtime, monkeypatch, stage_limit
+):
+    # Given a sweep that dies while publishing its twentieth and last batch
+    monkeypatch.setattr(sweep_module, "STAGE_LIMIT", stage_limit)
+    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+
+    published, resumed = _crash_and_resume(runtime, run_id, crash_at=20)
+
+    # Then the sweep was not marked done before that batch went out: its redelivery
+    # sends it, and the run can finish
+    assert published[-1].batch_id in {p.batch_id for p in resumed}
+    _assert_every_batch_once_in_the_run(runtime, run_id, published + resumed)
 
 
 def test_a_slice_hands_over_when_its_time_is_up(runtime):
@@ -163,7 +209,8 @@ def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monke
             runtime.store.redis.delete(runtime.store.run_key(run_id, "sweep_lease"))
 
     # Then every expired item went out in exactly one batch, and the counts hold
-    assert "crashed" in results and results[-1] == "done"
+    assert "crashed" in results
+    assert results[-1] == "done"
     items = [i for p in sent for i in p.items]
     assert sorted(items) == [f"snap/{i:05d}" for i in range(1000)]
     assert len(items) == len(set(items)) == 1000
@@ -199,7 +246,7 @@ def test_a_run_refused_by_max_delete_leaves_nothing_staged(runtime):
         guarded.close()
 
 
-def test_staged_pages_lost_from_redis_fail_the_slice_loudly(runtime):
+def test_staged_batches_lost_from_redis_fail_the_slice_loudly(runtime):
     run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
     sent: list[BatchPayload] = []
     # the guard pass finishes; then the staged list disappears before publishing
@@ -208,5 +255,5 @@ def test_staged_pages_lost_from_redis_fail_the_slice_loudly(runtime):
             break
     runtime.store.redis.delete(runtime.store.run_key(run_id, "staged"))
 
-    with pytest.raises(RunStateError, match="staged pages are missing"):
+    with pytest.raises(RunStateError, match="staged batches are missing"):
         sweep_slice(runtime, run_id, sent.append)

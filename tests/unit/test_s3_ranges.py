@@ -165,7 +165,8 @@ def test_finding_the_ranges_stops_at_its_request_budget():
     bounds = s3_shards.split(client, "bucket", "p/", keys[0], 4)
 
     assert len(client.requests) <= s3_shards.SPLIT_PROBES
-    assert bounds == sorted(bounds) and all(b > keys[0] for b in bounds)
+    assert bounds == sorted(bounds)
+    assert all(b > keys[0] for b in bounds)
     assert sum(range_sizes(keys[1:], bounds)) == len(keys) - 1
 
 
