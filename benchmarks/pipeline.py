@@ -3,11 +3,12 @@
 A run is started the way ``digest-cleanup run`` starts it (:func:`~digest_cleanup.sweep.start`
 with the sweep enqueued on the broker) while the workers are already up, and the
 clock stops at the run's own ``ended_at``, written by the script that finishes it.
-Meanwhile a sampler reads the run and the batch queue ten times a second: when
-the guard pass ended (the first batch published), when the sweep was done, and
-whether the delete slots ever waited for the sweep.  The watching is kept cheap
-(one round trip per sample, the S3 connections looked at once a second), since
-on a small machine it shares the CPU with the pipeline it measures.
+Meanwhile a sampler reads the run and the batch queue ten times a second until
+the sweep is done, then once a second: when the guard pass ended (the first batch
+published), when the sweep was done, and whether the delete slots ever waited for
+the sweep.  The watching is kept cheap (one round trip per sample, the S3
+connections looked at once a second), since on a small machine it shares the CPU
+with the pipeline it measures.
 """
 
 from __future__ import annotations
@@ -37,10 +38,13 @@ from digest_cleanup.sweep import start
 from digest_cleanup.tasks.base import enqueue_sweep
 from digest_cleanup.testing.stack import Process, Stack
 
-#: Seconds between samples of the run and the queue.
+#: Seconds between samples of the run and the queue while the sweep publishes.
 SAMPLE_SECONDS = 0.1
-#: Samples between two looks at the S3 connections (kept-alive connections last
-#: the whole run, so an occasional look sees them all).
+#: Seconds between samples once the sweep is done: the queue only drains from then
+#: on, and kept-alive S3 connections last the whole run, so a look a second sees
+#: them all.
+SETTLED_SAMPLE_SECONDS = 1.0
+#: Samples between two looks at the S3 connections while the sweep publishes.
 CONNECTION_EVERY = 10
 #: Seconds between two looks at the run's status while waiting for it to end.  The
 #: time is read off the run's own ``ended_at``, so this only bounds how long the
@@ -284,7 +288,7 @@ class Runner:
 
 
 class _Sampler(threading.Thread):
-    """Reads the run hash and the batch queue every :data:`SAMPLE_SECONDS`."""
+    """Reads the run hash and the batch queue, often while the sweep publishes, then rarely."""
 
     def __init__(
         self, client: redis.Redis, store: RunStore, run_id: str, started: float, s3_port: int
@@ -315,9 +319,10 @@ class _Sampler(threading.Thread):
             )
             if self.message_bytes is None and found[2]:
                 self._measure(found[2])
-            if len(self.samples) % CONNECTION_EVERY == 1:
+            settled = swept == b"1"
+            if settled or len(self.samples) % CONNECTION_EVERY == 1:
                 self.connections |= client_ports(self.s3_port)
-            self._halt.wait(SAMPLE_SECONDS)
+            self._halt.wait(SETTLED_SAMPLE_SECONDS if settled else SAMPLE_SECONDS)
 
     def _measure(self, raw: bytes) -> None:
         self.message_bytes = len(raw)

@@ -304,13 +304,15 @@ def limits(results: Results) -> str:
             "a remote S3 that overhead no longer competes with the server, and more workers "
             "on more hosts add delete capacity; here they would only take CPU from `weed`.",
             f"- **The guard pass.** Nothing is deleted until every expired key has been "
-            f"counted against max_delete: {best.guard_seconds:.1f} s "
-            f"({best.guard_seconds / best.seconds:.0%} of the run), like the probe's "
-            f"{probe_list:.1f} s of listing before its first delete.  The pipeline then deletes "
-            f"for {delete_phase:.1f} s against the probe's {probe_delete:.1f} s: its second "
-            "listing (the publishing pass) overlaps the deletes but takes server CPU from them, "
-            f"and the sweep was done publishing after {best.sweep_seconds:.1f} s, with delete "
-            f"slots waiting for it in {best.starved_share:.0%} of the samples.",
+            f"counted against max_delete: {best.guard_seconds:.1f} s from the trigger to the "
+            f"first batch ({best.guard_seconds / best.seconds:.0%} of the run), against the "
+            f"probe's {probe_list:.1f} s of listing before its first delete.  The guard lists "
+            "a folder as key ranges several at a time and stages the expired keys in Redis as "
+            "batches, so publishing does not list again: the sweep was done publishing after "
+            f"{best.sweep_seconds:.1f} s, with delete slots waiting for it in "
+            f"{best.starved_share:.0%} of the samples taken meanwhile.  The pipeline then "
+            f"deleted for {delete_phase:.1f} s against the probe's {probe_delete:.1f} s, on a "
+            "server that shared its two cores with Celery, Redis and the run store.",
             f"- **Celery overhead** is small next to the DeleteObjects call: median "
             f"{best.overhead()[0] * 1000:.1f} ms per batch against "
             f"{best.delete_call()[0] * 1000:.0f} ms for the call; the call is long because "
@@ -384,9 +386,9 @@ def markdown(results: Results, command: Sequence[str]) -> str:
             "",
             f"{keys:.0f}x the keys took {time_ratio:.1f}x the time, and the sweep's peak RSS "
             f"changed by {rss:.2f}x: the sweep streams pages and holds no listing in memory.  "
-            "Time grows at most linearly: the 120k bucket is one weekly folder, listed as one "
-            "stream, while the 1.2M bucket's ten weekly folders are listed four at a time "
-            "(`digest_cleanup/kinds/s3_shards.py`), so it lists more keys per second.",
+            "Time grows at most linearly.  Both listings run four streams at once "
+            "(`digest_cleanup/kinds/s3_shards.py`): the 120k bucket's one weekly folder as "
+            "four key ranges, the 1.2M bucket's ten weekly folders four at a time.",
             "",
         ]
     parts += [

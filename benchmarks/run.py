@@ -32,20 +32,22 @@ DEFAULT_KEYS = 120_000
 #: Worker layouts tried, Celery's defaults first (see :meth:`Layout.parse`).  The
 #: others give the sweep a worker of its own (it is CPU-bound while deletes wait on
 #: S3, and a sweep in the delete pool holds a delete slot for its whole length) and
-#: keep many deletes in flight with threads, which cost less CPU than processes on a
-#: machine whose cores the S3 server needs.
+#: keep as many deletes in flight as the raw probe, with threads, which cost less
+#: CPU than processes on a machine whose cores the S3 server needs; batches of
+#: 1000 keys (the most DeleteObjects takes) halve the requests and messages.
 DEFAULT_LAYOUTS = (
     "default",
-    "sweeps:prefork:1+batches:threads:16",
-    "sweeps:prefork:1+batches:threads:16@1000",
+    "sweeps:prefork:1+batches:threads:32@1000",
+    "sweeps:prefork:1+batches:threads:64@1000",
 )
 #: Rounds of (probe, layouts): the machine may be shared, so every pipeline run is
 #: paired with the probe run just before it, and the median of the paired ratios
 #: is reported.
 DEFAULT_ROUNDS = 3
-#: Threads of the raw probe: the fastest on the reference machine (4, 8, 16, 32 and
-#: 64 were tried), as many requests in flight as the pipeline's layouts keep.
-DEFAULT_PROBE_THREADS = 16
+#: Threads of the raw probe: among the fastest on the reference machine (8, 16, 24,
+#: 32, 48 and 64 were tried: 32 to 64 were within noise of each other, 16 was 5%
+#: slower and 8 20% slower).  The best layouts keep as many deletes in flight.
+DEFAULT_PROBE_THREADS = 32
 #: Threads of the tuned script: what the hand-written reference used.
 TUNED_THREADS = 4
 #: Subsets for the slow methods: a full 120k run of each would take 5 minutes or more.
