@@ -270,8 +270,9 @@ def _publish_staged(sweep: _Slice, publish: Publish) -> SliceResult:
         if cp.read < cp.staged and sweep.out_of_time():
             sweep.save()
             return "continue"
+    result = _done(sweep)
     store.keep_staged(run_id, 0)  # every batch is out: free the memory now
-    return _done(sweep)
+    return result
 
 
 def _read_staged(sweep: _Slice, start: int, count: int) -> list[list[str]]:
@@ -279,7 +280,8 @@ def _read_staged(sweep: _Slice, start: int, count: int) -> list[list[str]]:
     if not chunk:
         raise RunStateError(
             f"run {sweep.run_id}: {sweep.cp.staged - start} staged batches are missing from "
-            "Redis; trigger the run again to re-sweep it from the listing"
+            "Redis (evicted? the broker's Redis needs maxmemory-policy noeviction); the "
+            "keys they held are still in S3: trigger the run again to sweep it from the listing"
         )
     return chunk
 
@@ -450,6 +452,10 @@ def on_slice_error(runtime: Runtime, run_id: str, exc: Exception) -> float | Non
     """
     store = runtime.store
     settings = runtime.settings
+    if isinstance(exc, RunStateError):  # what the sweep needs is gone; retrying cannot help
+        store.fail(run_id, "run_state_lost", str(exc))
+        finish_run(runtime, run_id)
+        return None
     if isinstance(exc, ItemError):
         detail = f"{exc.code}: {exc.message}"
     else:

@@ -13,7 +13,7 @@ from digest_cleanup.batches import BatchPayload
 from digest_cleanup.errors import RunStateError
 from digest_cleanup.runtime import Runtime
 from digest_cleanup.settings import Settings
-from digest_cleanup.sweep import start, sweep_slice
+from digest_cleanup.sweep import on_slice_error, start, sweep_slice
 from digest_cleanup.targets import parse_targets
 from digest_cleanup.testing import memory
 
@@ -246,7 +246,7 @@ def test_a_run_refused_by_max_delete_leaves_nothing_staged(runtime):
         guarded.close()
 
 
-def test_staged_batches_lost_from_redis_fail_the_slice_loudly(runtime):
+def test_staged_batches_lost_from_redis_fail_the_run_at_once(runtime):
     run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
     sent: list[BatchPayload] = []
     # the guard pass finishes; then the staged list disappears before publishing
@@ -255,5 +255,11 @@ def test_staged_batches_lost_from_redis_fail_the_slice_loudly(runtime):
             break
     runtime.store.redis.delete(runtime.store.run_key(run_id, "staged"))
 
-    with pytest.raises(RunStateError, match="staged batches are missing"):
+    with pytest.raises(RunStateError, match="staged batches are missing") as raised:
         sweep_slice(runtime, run_id, sent.append)
+
+    # the sweep task's error handler fails the run without retrying: nothing can bring them back
+    assert on_slice_error(runtime, run_id, raised.value) is None
+    run = runtime.store.get(run_id)
+    assert (run.status, run["reason"]) == ("failed", "run_state_lost")
+    assert "trigger the run again" in run["message"]
