@@ -2,12 +2,13 @@
 
 It starts a ``weed mini`` and a Redis on free loopback ports and seeds a fresh
 copy of the same keys for every measurement.  In each of ``--rounds`` rounds it
-runs the raw probe, then the pipeline under each worker layout (Celery's
-defaults in the first round only), so every pipeline run is paired with the
-probe just before it.  Then it runs a tuned stock-boto3 script, ``aws s3 rm
---recursive`` and a per-key loop (the last two on subsets, extrapolated), and a
-dry run over 120k and 1.2M cached keys shows how the sweep scales.  It prints the
-table and writes BENCHMARKS.md at the repository root.
+runs the raw probe at each of its thread counts, then the pipeline under each
+worker layout (Celery's defaults in the first round only), so every pipeline run
+is paired with the faster probe of its own round.  Then it runs a tuned
+stock-boto3 script, ``aws s3 rm --recursive`` and a per-key loop (the last two
+on subsets, extrapolated), and a dry run over 120k and 1.2M cached keys shows
+how the sweep scales.  It prints the table and writes BENCHMARKS.md at the
+repository root.
 """
 
 from __future__ import annotations
@@ -40,14 +41,16 @@ DEFAULT_LAYOUTS = (
     "sweeps:prefork:1+batches:threads:32@1000",
     "sweeps:prefork:1+batches:threads:64@1000",
 )
-#: Rounds of (probe, layouts): the machine may be shared, so every pipeline run is
-#: paired with the probe run just before it, and the median of the paired ratios
-#: is reported.
+#: Rounds of (probes, layouts): the machine may be shared, so every pipeline run is
+#: paired with the faster probe of its own round, and the median of the paired
+#: ratios is reported.
 DEFAULT_ROUNDS = 3
-#: Threads of the raw probe: among the fastest on the reference machine (8, 16, 24,
-#: 32, 48 and 64 were tried: 32 to 64 were within noise of each other, 16 was 5%
-#: slower and 8 20% slower).  The best layouts keep as many deletes in flight.
-DEFAULT_PROBE_THREADS = 32
+#: Thread counts of the raw probe, each run in every round; the faster of them in
+#: a round is the baseline its pipeline runs are compared with.  On the reference
+#: machine (8, 16, 24, 32, 48 and 64 tried) 32 to 64 were within noise of each
+#: other, 16 was 5% slower and 8 20% slower; the layouts keep 32 and 64 deletes in
+#: flight, so each is compared with a probe that keeps as many.
+DEFAULT_PROBE_THREADS = (32, 64)
 #: Threads of the tuned script: what the hand-written reference used.
 TUNED_THREADS = 4
 #: Subsets for the slow methods: a full 120k run of each would take 5 minutes or more.
@@ -75,7 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_ROUNDS,
         help="rounds of probe-then-layouts; ratios are medians over rounds",
     )
-    parser.add_argument("--probe-threads", type=int, default=DEFAULT_PROBE_THREADS)
+    parser.add_argument(
+        "--probe-threads",
+        default=",".join(str(n) for n in DEFAULT_PROBE_THREADS),
+        help="comma-separated thread counts of the raw probe; a round's faster one is its baseline",
+    )
     parser.add_argument("--aws-keys", type=int, default=DEFAULT_AWS_KEYS)
     parser.add_argument("--naive-keys", type=int, default=DEFAULT_NAIVE_KEYS)
     parser.add_argument(
@@ -102,8 +109,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = Machine.describe()
     load_start = load_average()
     say(f"{machine.cores} cores, {machine.memory_gib:.0f} GiB, load average {load_start:.2f}")
-    plan = _plan(layouts, args.rounds)
+    try:
+        probe_threads = sorted({int(n) for n in args.probe_threads.split(",")})
+    except ValueError:
+        print(f"benchmarks: --probe-threads: {args.probe_threads!r} is not a list of counts",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    plan = _plan(layouts, args.rounds, probe_threads)
+    #: The baseline of each round (its fastest probe), and every probe run.
     probes: list[Measured] = []
+    probe_runs: list[Measured] = []
     pipelines: dict[int, list[report.Paired]] = {i: [] for i in range(len(layouts))}
     with tempfile.TemporaryDirectory(prefix="digest-cleanup-bench-") as tmp:
         workdir = Path(tmp)
@@ -119,12 +134,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             runner = Runner(workdir, redis_server.url, endpoint, pids)
             for index, bucket, round_ in plan:
                 if index < 0:
-                    say(f"round {round_ + 1}: raw probe, {args.probe_threads} threads")
-                    probe = functools.partial(
-                        raw_probe, endpoint, bucket, PREFIX, args.probe_threads
-                    )
-                    probes.append(_with_server_cpu(weed.pid or 0, probe))
-                    _done(probes[-1].seconds, probes[-1].keys)
+                    threads = -index
+                    say(f"round {round_ + 1}: raw probe, {threads} threads")
+                    probe = functools.partial(raw_probe, endpoint, bucket, PREFIX, threads)
+                    probe_runs.append(_with_server_cpu(weed.pid or 0, probe))
+                    _done(probe_runs[-1].seconds, probe_runs[-1].keys)
+                    if threads == probe_threads[-1]:  # the round's last probe
+                        this_round = probe_runs[-len(probe_threads) :]
+                        probes.append(min(this_round, key=lambda m: m.seconds))
                     continue
                 layout = layouts[index]
                 say(f"round {round_ + 1}: pipeline, {layout.label()}")
@@ -154,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         load=(load_start, load_average()),
         seed_rate=seed_rate,
         probes=probes,
+        probe_runs=probe_runs,
         pipelines=[pipelines[i] for i in range(len(layouts))],
         tuned=tuned,
         aws=aws,
@@ -171,17 +189,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _plan(layouts: list[Layout], rounds: int) -> list[tuple[int, str, int]]:
-    """(layout index or -1 for the probe, bucket, round) in the order they run.
+def _plan(
+    layouts: list[Layout], rounds: int, probe_threads: list[int]
+) -> list[tuple[int, str, int]]:
+    """(layout index, or minus the probe's thread count, bucket, round) in the order they run.
 
-    Each round runs the probe, then every layout, each on its own fresh copy, so a
-    pipeline run is compared with the probe that ran just before it.  The first
-    layout (Celery's defaults) runs in the first round only: it is the reference
-    point, not a candidate.
+    Each round runs the probe at each thread count, then every layout, each on its
+    own fresh copy, so a pipeline run is compared with the faster probe of its own
+    round.  The first layout (Celery's defaults) runs in the first round only: it
+    is the reference point, not a candidate.
     """
     order = []
     for round_ in range(rounds):
-        order.append((-1, f"probe-{round_}", round_))
+        for threads in probe_threads:
+            order.append((-threads, f"probe-{round_}-{threads}", round_))
         for index in range(len(layouts)):
             if index == 0 and round_ > 0 and len(layouts) > 1:
                 continue
