@@ -113,7 +113,7 @@ def sweep_slice(
             target=target,
             kind=runtime.kind(target.name),
             cutoff=datetime.fromisoformat(run["cutoff"]),
-            cp=Checkpoint(**raw) if raw else Checkpoint(run_token=run.fields.get("token", "")),
+            cp=_checkpoint(raw, run.fields.get("token", "")),
             deadline=time.monotonic() + limit,
             forced=run.fields.get("forced") == "1",
             dry_run=run.fields.get("dry_run") == "1",
@@ -127,6 +127,16 @@ def sweep_slice(
     finally:
         release = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
         store.redis.eval(release, 1, lease_key, token)
+
+
+def _checkpoint(raw: dict[str, Any] | None, run_token: str) -> Checkpoint:
+    if raw is None:
+        return Checkpoint(run_token=run_token)
+    if "staged" not in raw:
+        # Written by a release that did not stage: whatever it counted is not in
+        # Redis, so this sweep publishes by listing, as that release did.
+        raw = {**raw, "staged": -1}
+    return Checkpoint(**raw)
 
 
 @dataclasses.dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -263,3 +264,29 @@ def test_staged_batches_lost_from_redis_fail_the_run_at_once(runtime):
     run = runtime.store.get(run_id)
     assert (run.status, run["reason"]) == ("failed", "run_state_lost")
     assert "trigger the run again" in run["message"]
+
+
+@pytest.mark.parametrize("phase", ["guard", "publish"])
+def test_a_checkpoint_from_before_staging_resumes_by_listing(runtime, monkeypatch, phase):
+    # Given a sweep checkpointed by a release that did not stage (no staged fields)
+    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    sent: list[BatchPayload] = []
+    with monkeypatch.context() as patched:
+        patched.setattr(sweep_module, "STAGE_LIMIT", 0)  # sweeps like that release
+        while sweep_slice(runtime, run_id, sent.append, slice_seconds=1e-9) == "continue":
+            if runtime.store.load_checkpoint(run_id)["phase"] == phase:  # type: ignore[index]
+                break
+    raw = runtime.store.load_checkpoint(run_id)
+    assert raw is not None
+    old = {k: v for k, v in raw.items() if k not in ("staged", "read", "sent")}
+    runtime.store.redis.set(runtime.store.run_key(run_id, "checkpoint"), json.dumps(old))
+
+    # When the new release resumes it
+    sent += _sweep_to_end(runtime, run_id)
+
+    # Then every expired item is published, each in exactly one batch
+    by_id = {p.batch_id: p.items for p in sent}
+    assert sorted(i for items in by_id.values() for i in items) == [
+        f"snap/{i:05d}" for i in range(1000)
+    ]
+    assert runtime.store.get(run_id).count("batches") == 20
