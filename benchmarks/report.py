@@ -67,6 +67,8 @@ class Results:
     probes: list[Measured]
     #: Every probe run, at every thread count.
     probe_runs: list[Measured]
+    #: The probe's thread counts, each run in every round.
+    probe_threads: list[int]
     #: Per layout, its runs paired with their probes; Celery's defaults first.
     pipelines: list[list[Paired]]
     tuned: Measured
@@ -173,12 +175,6 @@ def headline(results: Results) -> str:
         f"`aws s3 rm --recursive` and {_speedup(results.naive, results):.0f}x faster than "
         "a one-DeleteObject-per-key loop."
     )
-
-
-def _threads(results: Results) -> str:
-    counts = sorted({p.method for p in results.probe_runs})
-    numbers = [m.rsplit(" in ", 1)[-1].split()[0] for m in counts]
-    return " and ".join(sorted(numbers, key=int))
 
 
 def _speedup(other: Measured, results: Results) -> float:
@@ -378,7 +374,8 @@ def markdown(results: Results, command: Sequence[str]) -> str:
         "",
         "For each layout, its run with the median time.  A pipeline run's ratio is its time "
         "over the time of the faster probe of its round (same machine state, probes at "
-        f"{_threads(results)} threads); the table shows the median of those ratios.",
+        f"{' and '.join(str(n) for n in results.probe_threads)} threads); the table shows "
+        "the median of those ratios.",
         "",
     ]
     for runs in results.pipelines:

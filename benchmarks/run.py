@@ -172,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed_rate=seed_rate,
         probes=probes,
         probe_runs=probe_runs,
+        probe_threads=probe_threads,
         pipelines=[pipelines[i] for i in range(len(layouts))],
         tuned=tuned,
         aws=aws,

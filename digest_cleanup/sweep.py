@@ -13,11 +13,11 @@ deleted harmlessly and counted once, and none is ever lost.
 
 Before it publishes anything, the sweep counts expired items (the *guard pass*)
 and refuses a run past the target's ``max_delete``: such a run deletes nothing.
-The guard pass *stages* each page's expired items in Redis as it counts them,
-so publishing reads them back instead of listing the target a second time:
-the listing is paid for once, and the first batches go out as soon as the
-guard has passed.  The staged pages live with the run's state; a run whose
-state is lost (Redis restarted empty) is swept again from the listing.
+The guard pass cuts the expired items into batches and *stages* them in Redis
+as it counts them, so publishing reads them back instead of listing the target
+a second time: the listing is paid for once, and the first batches go out as
+soon as the guard has passed.  The staged batches live with the run's state; a
+run whose state is lost (Redis restarted empty) is swept again from the listing.
 """
 
 from __future__ import annotations
@@ -75,10 +75,11 @@ class Checkpoint:
     #: The run incarnation's token, stamped on every batch (see ``runs.RunStore.open``).
     run_token: str = ""
     #: Batches the guard pass staged in Redis; -1 once staging stopped (past
-    #: :data:`STAGE_LIMIT`), and publishing lists the target again.
+    #: :data:`STAGE_LIMIT`), and publishing lists the target again.  Staged batch
+    #: ``n`` is published as sequence number ``n + 1``, so ``seq`` staged batches
+    #: are counted in flight.
     staged: int = 0
-    #: Staged batches counted in flight, and those known to be published.
-    read: int = 0
+    #: Staged batches known to be published (``seq`` once a chunk has gone out).
     sent: int = 0
 
 
@@ -242,12 +243,18 @@ def _guard(sweep: _Slice) -> bool:
 
 def _stage(sweep: _Slice, *, final: bool) -> None:
     """Stage the full batches in the pending items (and the rest too when ``final``)."""
+    batches = _take_batches(sweep, final=final)
+    if batches:
+        sweep.cp.staged = sweep.store.stage(sweep.run_id, batches)
+
+
+def _take_batches(sweep: _Slice, *, final: bool) -> list[list[str]]:
+    """Take the full batches off the pending items (and the rest too when ``final``)."""
     cp, size = sweep.cp, sweep.target.batch_size
     cut = len(cp.pending) if final else len(cp.pending) - len(cp.pending) % size
-    if cut:
-        batches = [cp.pending[i : i + size] for i in range(0, cut, size)]
-        cp.pending = cp.pending[cut:]
-        cp.staged = sweep.store.stage(sweep.run_id, batches)
+    batches = [cp.pending[i : i + size] for i in range(0, cut, size)]
+    cp.pending = cp.pending[cut:]
+    return batches
 
 
 def _publish(sweep: _Slice, publish: Publish) -> SliceResult:
@@ -260,24 +267,24 @@ def _publish_staged(sweep: _Slice, publish: Publish) -> SliceResult:
     """Publish the staged batches, :data:`STAGED_READ_BATCHES` per checkpoint.
 
     Staged batch ``n`` is published as sequence number ``n + 1``.  A checkpoint
-    counts a chunk of batches in flight *before* they are published; ``sent``
-    catches up after, so a slice that died in between sends that chunk again.
+    counts a chunk of batches in flight (``seq``) *before* they are published;
+    ``sent`` catches up after, so a slice that died in between sends that chunk again.
     """
     cp, store, run_id = sweep.cp, sweep.store, sweep.run_id
-    if cp.sent < cp.read:  # batches a crashed slice may not have sent
-        for offset, items in enumerate(_read_staged(sweep, cp.sent, cp.read - cp.sent)):
+    if cp.sent < cp.seq:  # batches a crashed slice may not have sent
+        for offset, items in enumerate(_read_staged(sweep, cp.sent, cp.seq - cp.sent)):
             publish(_payload(sweep, cp.sent + offset + 1, items))
-        cp.sent = cp.read
-    while cp.read < cp.staged:
-        first = cp.read
+        cp.sent = cp.seq
+    while cp.seq < cp.staged:
+        first = cp.seq
         chunk = _read_staged(sweep, first, STAGED_READ_BATCHES)
-        cp.read = cp.seq = first + len(chunk)
+        cp.seq = first + len(chunk)
         cp.expired += sum(len(items) for items in chunk)
-        sweep.save([batch_id(run_id, seq) for seq in range(first + 1, cp.read + 1)])
+        sweep.save([batch_id(run_id, seq) for seq in range(first + 1, cp.seq + 1)])
         for offset, items in enumerate(chunk):
             publish(_payload(sweep, first + offset + 1, items))
-        cp.sent = cp.read
-        if cp.read < cp.staged and sweep.out_of_time():
+        cp.sent = cp.seq
+        if cp.seq < cp.staged and sweep.out_of_time():
             sweep.save()
             return "continue"
     result = _done(sweep)
@@ -347,12 +354,10 @@ def _done(sweep: _Slice) -> SliceResult:
 
 def _emit(sweep: _Slice, publish: Publish, *, final: bool) -> None:
     """Cut full batches from the pending items, checkpoint them, then publish them."""
-    cp, size = sweep.cp, sweep.target.batch_size
-    outbox: list[list[Any]] = []
-    while len(cp.pending) >= size or (final and cp.pending):
-        items, cp.pending = cp.pending[:size], cp.pending[size:]
-        cp.seq += 1
-        outbox.append([cp.seq, items])
+    cp = sweep.cp
+    batches = _take_batches(sweep, final=final)
+    outbox: list[list[Any]] = [[cp.seq + n, items] for n, items in enumerate(batches, 1)]
+    cp.seq += len(outbox)
     cp.outbox = outbox
     sweep.save([batch_id(sweep.run_id, seq) for seq, _ in outbox])
     for seq, items in outbox:
