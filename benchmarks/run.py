@@ -2,9 +2,10 @@
 
 It starts a ``weed mini`` and a Redis on free loopback ports and seeds a fresh
 copy of the same keys for every measurement.  In each of ``--rounds`` rounds it
-runs the raw probe at each of its thread counts, then the pipeline under each
-worker layout (Celery's defaults in the first round only), so every pipeline run
-is paired with the faster probe of its own round.  Then it runs a tuned
+runs the raw probe at each of its thread counts and the pipeline under each
+worker layout (Celery's defaults in the first round only), probes first in even
+rounds and last in odd ones, so every pipeline run is paired with the faster
+probe of its own round and neither side always goes first.  Then it runs a tuned
 stock-boto3 script, ``aws s3 rm --recursive`` and a per-key loop (the last two
 on subsets, extrapolated), and a dry run over 120k and 1.2M cached keys shows
 how the sweep scales.  It prints the table and writes BENCHMARKS.md at the
@@ -14,6 +15,7 @@ repository root.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 import tempfile
@@ -24,32 +26,31 @@ from pathlib import Path
 from benchmarks import report, scaling
 from benchmarks.alternatives import Measured, aws_rm, naive_loop, raw_probe, reference_script
 from benchmarks.environment import Machine, cpu_seconds, load_average
-from benchmarks.pipeline import PREFIX, Layout, Runner
+from benchmarks.pipeline import PREFIX, Layout, Runner, RunResult
 from digest_cleanup.testing.seed import create_bucket, digest_layout_keys, seed_keys
 from digest_cleanup.testing.servers import RedisServer, WeedServer
 
 #: The weekly run of the ~120k-customer digest.
 DEFAULT_KEYS = 120_000
 #: Worker layouts tried, Celery's defaults first (see :meth:`Layout.parse`).  The
-#: others give the sweep a worker of its own (it is CPU-bound while deletes wait on
+#: other gives the sweep a worker of its own (it is CPU-bound while deletes wait on
 #: S3, and a sweep in the delete pool holds a delete slot for its whole length) and
-#: keep as many deletes in flight as the raw probe, with threads, which cost less
-#: CPU than processes on a machine whose cores the S3 server needs; batches of
-#: 1000 keys (the most DeleteObjects takes) halve the requests and messages.
-DEFAULT_LAYOUTS = (
-    "default",
-    "sweeps:prefork:1+batches:threads:32@1000",
-    "sweeps:prefork:1+batches:threads:64@1000",
-)
+#: keeps as many deletes in flight as the faster raw probe, with threads, which cost
+#: less CPU than processes on a machine whose cores the S3 server needs; batches of
+#: 1000 keys (the most DeleteObjects takes) halve the requests and messages.  On the
+#: reference machine 8, 12, 16 and 32 threads and a gevent pool were slower.
+DEFAULT_LAYOUTS = ("default", "sweeps:prefork:1+batches:threads:64@1000")
 #: Rounds of (probes, layouts): the machine may be shared, so every pipeline run is
 #: paired with the faster probe of its own round, and the median of the paired
-#: ratios is reported.
-DEFAULT_ROUNDS = 3
+#: ratios is reported.  On the reference machine the S3 server's CPU per deleted
+#: key varied by up to 25% between identical runs, so one paired ratio could land
+#: 10% either side of another; five rounds keep the median from resting on one.
+DEFAULT_ROUNDS = 5
 #: Thread counts of the raw probe, each run in every round; the faster of them in
 #: a round is the baseline its pipeline runs are compared with.  On the reference
 #: machine (8, 16, 24, 32, 48 and 64 tried) 32 to 64 were within noise of each
-#: other, 16 was 5% slower and 8 20% slower; the layouts keep 32 and 64 deletes in
-#: flight, so each is compared with a probe that keeps as many.
+#: other, 16 was 5% slower and 8 20% slower.  The best layout keeps 64 deletes in
+#: flight, and the probe at 32 covers a machine where 64 is past the server's best.
 DEFAULT_PROBE_THREADS = (32, 64)
 #: Threads of the tuned script: what the hand-written reference used.
 TUNED_THREADS = 4
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=DEFAULT_ROUNDS,
-        help="rounds of probe-then-layouts; ratios are medians over rounds",
+        help="rounds of probes and layouts; ratios are medians over rounds",
     )
     parser.add_argument(
         "--probe-threads",
@@ -124,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = Path(tmp)
         with RedisServer() as redis_server, WeedServer() as weed:
             endpoint = weed.endpoint_url
-            sizes = {bucket: args.keys for _, bucket, _ in plan} | {"tuned": args.keys}
+            sizes = {step.bucket: args.keys for step in plan} | {"tuned": args.keys}
             sizes |= {
                 "aws": min(args.aws_keys, args.keys),
                 "naive": min(args.naive_keys, args.keys),
@@ -132,22 +133,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed_rate = _seed(endpoint, sizes)
             pids = {"weed": weed.pid or 0, "redis": redis_server.pid or 0}
             runner = Runner(workdir, redis_server.url, endpoint, pids)
-            for index, bucket, round_ in plan:
-                if index < 0:
-                    threads = -index
-                    say(f"round {round_ + 1}: raw probe, {threads} threads")
-                    probe = functools.partial(raw_probe, endpoint, bucket, PREFIX, threads)
-                    probe_runs.append(_with_server_cpu(weed.pid or 0, probe))
-                    _done(probe_runs[-1].seconds, probe_runs[-1].keys)
-                    if threads == probe_threads[-1]:  # the round's last probe
-                        this_round = probe_runs[-len(probe_threads) :]
-                        probes.append(min(this_round, key=lambda m: m.seconds))
-                    continue
-                layout = layouts[index]
-                say(f"round {round_ + 1}: pipeline, {layout.label()}")
-                result = runner.run(layout, bucket, args.keys)
-                pipelines[index].append(report.Paired(result, probes[-1]))
-                _done(result.seconds, result.keys, probes[-1])
+            for round_ in range(args.rounds):
+                steps = [step for step in plan if step.round == round_]
+                round_probes: list[Measured] = []
+                round_runs: list[tuple[int, RunResult]] = []
+                for step in steps:
+                    if step.probe_threads:
+                        say(f"round {round_ + 1}: raw probe, {step.probe_threads} threads")
+                        probe = functools.partial(
+                            raw_probe, endpoint, step.bucket, PREFIX, step.probe_threads
+                        )
+                        round_probes.append(_with_server_cpu(weed.pid or 0, probe))
+                        _done(round_probes[-1].seconds, round_probes[-1].keys)
+                        continue
+                    layout = layouts[step.layout]
+                    say(f"round {round_ + 1}: pipeline, {layout.label()}")
+                    result = runner.run(layout, step.bucket, args.keys)
+                    round_runs.append((step.layout, result))
+                    _done(result.seconds, result.keys)
+                baseline = min(round_probes, key=lambda m: m.seconds)
+                probe_runs.extend(round_probes)
+                probes.append(baseline)
+                for index, result in round_runs:
+                    pipelines[index].append(report.Paired(result, baseline))
+                    say(
+                        f"round {round_ + 1}: {layouts[index].label()}: "
+                        f"{result.seconds / baseline.seconds:.2f}x the faster probe"
+                    )
             say(f"tuned script, stock boto3, {TUNED_THREADS} threads")
             tuned = _with_server_cpu(
                 weed.pid or 0, lambda: reference_script(endpoint, "tuned", PREFIX, TUNED_THREADS)
@@ -190,24 +202,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _plan(
-    layouts: list[Layout], rounds: int, probe_threads: list[int]
-) -> list[tuple[int, str, int]]:
-    """(layout index, or minus the probe's thread count, bucket, round) in the order they run.
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One measurement of the plan, on its own fresh copy of the keys."""
 
-    Each round runs the probe at each thread count, then every layout, each on its
-    own fresh copy, so a pipeline run is compared with the faster probe of its own
-    round.  The first layout (Celery's defaults) runs in the first round only: it
-    is the reference point, not a candidate.
+    round: int
+    bucket: str
+    #: The probe's thread count, or 0 for a pipeline run.
+    probe_threads: int = 0
+    #: The pipeline run's index into the layouts.
+    layout: int = -1
+
+
+def _plan(layouts: list[Layout], rounds: int, probe_threads: list[int]) -> list[Step]:
+    """The measurements in the order they run.
+
+    Each round runs the probe at each thread count and every layout, each on its
+    own fresh copy, so a pipeline run is compared with the faster probe of its
+    own round.  The order alternates: even rounds run the probes first, odd
+    rounds the pipeline first, so whatever drifts in the S3 server over a
+    round (its caches, its store's compactions) favours neither side.  The first
+    layout (Celery's defaults) runs in the first round only: it is the
+    reference point, not a candidate.
     """
-    order = []
+    order: list[Step] = []
     for round_ in range(rounds):
-        for threads in probe_threads:
-            order.append((-threads, f"probe-{round_}-{threads}", round_))
-        for index in range(len(layouts)):
-            if index == 0 and round_ > 0 and len(layouts) > 1:
-                continue
-            order.append((index, f"pipeline-{index}-{round_}", round_))
+        probes = [Step(round_, f"probe-{round_}-{n}", probe_threads=n) for n in probe_threads]
+        runs = [
+            Step(round_, f"pipeline-{index}-{round_}", layout=index)
+            for index in range(len(layouts))
+            if not (index == 0 and round_ > 0 and len(layouts) > 1)
+        ]
+        order += probes + runs if round_ % 2 == 0 else runs + probes
     return order
 
 

@@ -103,11 +103,25 @@ def dead_letter_queue(runtime: Runtime) -> DeadLetterQueue:
 @signals.worker_process_init.connect
 def _after_fork(**_: Any) -> None:
     # Pool children inherit the parent's runtime; sockets must not cross a fork.
+    # The solo pool sends this too, from the one process that runs its tasks.
     from celery import current_app
 
     runtime = getattr(current_app, "digest_cleanup_runtime", None)
     if runtime is not None:
         runtime.after_fork()
+        runtime.prepare()
+
+
+@signals.worker_ready.connect
+def _prepare_in_main_process(sender: Any = None, **_: Any) -> None:
+    # The threads, gevent and eventlet pools run tasks in the main process, which
+    # no worker_process_init reaches; prefork runs none there, so builds nothing.
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
+    runtime = getattr(getattr(sender, "app", None), "digest_cleanup_runtime", None)
+    if runtime is None or isinstance(getattr(sender, "pool", None), PreforkPool):
+        return
+    runtime.prepare()
 
 
 @signals.worker_init.connect

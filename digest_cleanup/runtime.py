@@ -3,10 +3,13 @@
 It holds the settings, the targets, one Redis client and one kind instance per
 target.  Clients are made lazily, and :meth:`Runtime.after_fork` drops them in a
 fresh pool child, because sockets and connection pools must not cross a fork.
+A worker process that runs tasks calls :meth:`Runtime.prepare` when it starts,
+so the first task after a quiet week does not pay for building them.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import cached_property
 
@@ -16,6 +19,8 @@ from digest_cleanup.kinds import TargetKind
 from digest_cleanup.runs import RunStore
 from digest_cleanup.settings import Settings
 from digest_cleanup.targets import Target, Targets, load_targets
+
+logger = logging.getLogger("digest_cleanup.runtime")
 
 
 class Runtime:
@@ -56,6 +61,30 @@ class Runtime:
             if kind is None:
                 kind = self._kinds[name] = self.targets.get(name).make_kind(self.settings)
             return kind
+
+    def prepare(self) -> None:
+        """Build every target's clients now (see :meth:`TargetKind.prepare`); never raises.
+
+        A target that cannot be prepared is logged and left to fail its first task
+        with the usual error, so one bad target does not keep a worker from serving
+        the others.
+        """
+        try:
+            names = [target.name for target in self.targets]
+        except Exception as exc:  # the worker reports a bad targets file itself
+            logger.debug("no targets to prepare: %s", exc)
+            return
+        for name in names:
+            try:
+                self.kind(name).prepare()
+            except Exception as exc:
+                logger.warning(
+                    "target %s: could not prepare its client (%s: %s); its tasks will "
+                    "report the same error",
+                    name,
+                    type(exc).__name__,
+                    exc,
+                )
 
     def after_fork(self) -> None:
         """Forget clients inherited from the parent process."""

@@ -36,3 +36,12 @@ class KillerKind(TargetKind):
 
     def describe(self) -> str:
         return "killer://"
+
+
+class UnpreparableKind(KillerKind):
+    """A kind whose client cannot be built, as with a missing credentials profile."""
+
+    name = "unpreparable"
+
+    def prepare(self) -> None:
+        raise RuntimeError("the config profile (missing-profile) could not be found")

@@ -120,6 +120,13 @@ class TargetKind(ABC):
         """Extra counts ``verify`` reports, such as noncurrent versions; none by default."""
         return {}
 
+    def prepare(self) -> None:  # noqa: B027 - optional hook, most kinds build nothing ahead
+        """Build clients ahead of the first task; called once when a worker process starts.
+
+        It must not contact the store: a worker starts even while the store is down,
+        and the first task reports the problem as usual.
+        """
+
     def close(self) -> None:  # noqa: B027 - optional hook, most kinds hold nothing to close
         """Release clients or connections."""
 

@@ -1,0 +1,32 @@
+"""The benchmark's plan: fresh copies, paired rounds, and an order that favours neither side."""
+
+from __future__ import annotations
+
+from benchmarks.pipeline import Layout
+from benchmarks.run import _plan
+
+LAYOUTS = [Layout.parse("default"), Layout.parse("sweeps:prefork:1+batches:threads:64@1000")]
+
+
+def test_every_measurement_has_its_own_bucket():
+    plan = _plan(LAYOUTS, 4, [32, 64])
+    assert len({step.bucket for step in plan}) == len(plan)
+
+
+def test_each_round_holds_every_probe_and_every_candidate_layout():
+    plan = _plan(LAYOUTS, 3, [32, 64])
+    for round_ in range(3):
+        steps = [s for s in plan if s.round == round_]
+        assert sorted(s.probe_threads for s in steps if s.probe_threads) == [32, 64]
+        layouts = [s.layout for s in steps if not s.probe_threads]
+        # Celery's defaults are the reference point: measured in the first round only.
+        assert layouts == ([0, 1] if round_ == 0 else [1])
+
+
+def test_probes_go_first_in_even_rounds_and_last_in_odd_ones():
+    plan = _plan(LAYOUTS, 4, [32, 64])
+    for round_ in range(4):
+        kinds = ["probe" if s.probe_threads else "pipeline" for s in plan if s.round == round_]
+        first, last = ("probe", "pipeline") if round_ % 2 == 0 else ("pipeline", "probe")
+        assert kinds == sorted(kinds, key=lambda k: k != first), kinds
+        assert kinds[-1] == last
