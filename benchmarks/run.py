@@ -125,16 +125,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = Path(tmp)
         with RedisServer() as redis_server, WeedServer() as weed:
             endpoint = weed.endpoint_url
-            sizes = {step.bucket: args.keys for step in plan} | {"tuned": args.keys}
+            sizes = {step.bucket: args.keys for steps in plan for step in steps}
             sizes |= {
+                "tuned": args.keys,
                 "aws": min(args.aws_keys, args.keys),
                 "naive": min(args.naive_keys, args.keys),
             }
             seed_rate = _seed(endpoint, sizes)
             pids = {"weed": weed.pid or 0, "redis": redis_server.pid or 0}
             runner = Runner(workdir, redis_server.url, endpoint, pids)
-            for round_ in range(args.rounds):
-                steps = [step for step in plan if step.round == round_]
+            for round_, steps in enumerate(plan):
                 round_probes: list[Measured] = []
                 round_runs: list[tuple[int, RunResult]] = []
                 for step in steps:
@@ -206,7 +206,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 class Step:
     """One measurement of the plan, on its own fresh copy of the keys."""
 
-    round: int
     bucket: str
     #: The probe's thread count, or 0 for a pipeline run.
     probe_threads: int = 0
@@ -214,8 +213,8 @@ class Step:
     layout: int = -1
 
 
-def _plan(layouts: list[Layout], rounds: int, probe_threads: list[int]) -> list[Step]:
-    """The measurements in the order they run.
+def _plan(layouts: list[Layout], rounds: int, probe_threads: list[int]) -> list[list[Step]]:
+    """The measurements of each round, in the order they run.
 
     Each round runs the probe at each thread count and every layout, each on its
     own fresh copy, so a pipeline run is compared with the faster probe of its
@@ -225,15 +224,15 @@ def _plan(layouts: list[Layout], rounds: int, probe_threads: list[int]) -> list[
     layout (Celery's defaults) runs in the first round only: it is the
     reference point, not a candidate.
     """
-    order: list[Step] = []
+    order: list[list[Step]] = []
     for round_ in range(rounds):
-        probes = [Step(round_, f"probe-{round_}-{n}", probe_threads=n) for n in probe_threads]
+        probes = [Step(f"probe-{round_}-{n}", probe_threads=n) for n in probe_threads]
         runs = [
-            Step(round_, f"pipeline-{index}-{round_}", layout=index)
+            Step(f"pipeline-{index}-{round_}", layout=index)
             for index in range(len(layouts))
             if not (index == 0 and round_ > 0 and len(layouts) > 1)
         ]
-        order += probes + runs if round_ % 2 == 0 else runs + probes
+        order.append(probes + runs if round_ % 2 == 0 else runs + probes)
     return order
 
 

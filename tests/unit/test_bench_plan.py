@@ -9,14 +9,14 @@ LAYOUTS = [Layout.parse("default"), Layout.parse("sweeps:prefork:1+batches:threa
 
 
 def test_every_measurement_has_its_own_bucket():
-    plan = _plan(LAYOUTS, 4, [32, 64])
-    assert len({step.bucket for step in plan}) == len(plan)
+    steps = [step for round_ in _plan(LAYOUTS, 4, [32, 64]) for step in round_]
+    assert len({step.bucket for step in steps}) == len(steps)
 
 
 def test_each_round_holds_every_probe_and_every_candidate_layout():
     plan = _plan(LAYOUTS, 3, [32, 64])
-    for round_ in range(3):
-        steps = [s for s in plan if s.round == round_]
+    assert len(plan) == 3
+    for round_, steps in enumerate(plan):
         assert sorted(s.probe_threads for s in steps if s.probe_threads) == [32, 64]
         layouts = [s.layout for s in steps if not s.probe_threads]
         # Celery's defaults are the reference point: measured in the first round only.
@@ -24,9 +24,8 @@ def test_each_round_holds_every_probe_and_every_candidate_layout():
 
 
 def test_probes_go_first_in_even_rounds_and_last_in_odd_ones():
-    plan = _plan(LAYOUTS, 4, [32, 64])
-    for round_ in range(4):
-        kinds = ["probe" if s.probe_threads else "pipeline" for s in plan if s.round == round_]
+    for round_, steps in enumerate(_plan(LAYOUTS, 4, [32, 64])):
+        kinds = ["probe" if s.probe_threads else "pipeline" for s in steps]
         first, last = ("probe", "pipeline") if round_ % 2 == 0 else ("pipeline", "probe")
         assert kinds == sorted(kinds, key=lambda k: k != first), kinds
         assert kinds[-1] == last
