@@ -71,8 +71,15 @@ class BatchPayload:
         return label
 
     def to_message(self) -> dict[str, Any]:
-        """Encode for the wire, folding the items' common prefix."""
-        data = dataclasses.asdict(self)
+        """Encode for the wire, folding the items' common prefix.
+
+        Field by field rather than :func:`dataclasses.asdict`, which deep-copies
+        every item string: the sweep encodes every batch of a run.  The two
+        dicts are copied, so a caller that edits the message leaves the payload be.
+        """
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["failures"] = {k: list(v) for k, v in self.failures.items()}
+        data["dead_letter"] = dict(self.dead_letter)
         items = data.pop("items")
         # Character-wise on purpose: keys share more than whole path segments.
         base = os.path.commonprefix(items) if len(items) > 1 else ""  # noqa: RUF071

@@ -34,6 +34,21 @@ def test_message_round_trips_and_folds_the_common_prefix():
     assert len(json.dumps(message)) < plain * 0.5
 
 
+def test_message_carries_failures_and_dead_letter_as_copies():
+    original = payload(
+        attempt=2,
+        failures={KEYS[0]: ["SlowDown", "reduce your request rate"]},
+        first_failure_at="2026-11-22T03:00:05+00:00",
+        dead_letter={"reason": "retries_exhausted", "entry_id": "dl-1"},
+    )
+    message = original.to_message()
+    assert BatchPayload.from_message(json.loads(json.dumps(message))) == original
+    message["failures"][KEYS[0]].append("edited")
+    message["dead_letter"]["reason"] = "edited"
+    assert original.failures == {KEYS[0]: ["SlowDown", "reduce your request rate"]}
+    assert original.dead_letter["reason"] == "retries_exhausted"
+
+
 def test_label_names_the_batch_but_no_key():
     label = payload().describe()
     assert label == "statements 2026-10-23 batch 17 (500 keys)"
