@@ -8,6 +8,7 @@ Its id is deterministic (``RUN-bNNNNN``), and every attempt is claimed as
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import random
@@ -75,11 +76,12 @@ class BatchPayload:
 
         Field by field rather than :func:`dataclasses.asdict`, which deep-copies
         every item string: the sweep encodes every batch of a run.  The two
-        dicts are copied, so a caller that edits the message leaves the payload be.
+        dicts are copied whole, so a caller that edits the message leaves the
+        payload be.
         """
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["failures"] = {k: list(v) for k, v in self.failures.items()}
-        data["dead_letter"] = dict(self.dead_letter)
+        data["dead_letter"] = copy.deepcopy(self.dead_letter)
         items = data.pop("items")
         # Character-wise on purpose: keys share more than whole path segments.
         base = os.path.commonprefix(items) if len(items) > 1 else ""  # noqa: RUF071

@@ -39,14 +39,20 @@ def test_message_carries_failures_and_dead_letter_as_copies():
         attempt=2,
         failures={KEYS[0]: ["SlowDown", "reduce your request rate"]},
         first_failure_at="2026-11-22T03:00:05+00:00",
-        dead_letter={"reason": "retries_exhausted", "entry_id": "dl-1"},
+        dead_letter={
+            "reason": "retries_exhausted",
+            "entry_id": "dl-1",
+            "errors": {KEYS[0]: ["SlowDown", "reduce your request rate"]},
+        },
     )
     message = original.to_message()
     assert BatchPayload.from_message(json.loads(json.dumps(message))) == original
     message["failures"][KEYS[0]].append("edited")
     message["dead_letter"]["reason"] = "edited"
+    message["dead_letter"]["errors"][KEYS[0]].append("edited")
     assert original.failures == {KEYS[0]: ["SlowDown", "reduce your request rate"]}
     assert original.dead_letter["reason"] == "retries_exhausted"
+    assert original.dead_letter["errors"] == {KEYS[0]: ["SlowDown", "reduce your request rate"]}
 
 
 def test_label_names_the_batch_but_no_key():
