@@ -9,22 +9,22 @@ LAYOUTS = [Layout.parse("default"), Layout.parse("sweeps:prefork:1+batches:threa
 
 
 def test_every_measurement_has_its_own_bucket():
-    steps = [step for round_ in _plan(LAYOUTS, 4, [32, 64]) for step in round_]
+    steps = [step for round_ in _plan(LAYOUTS, 4, [64, 128]) for step in round_]
     assert len({step.bucket for step in steps}) == len(steps)
 
 
 def test_each_round_holds_every_probe_and_every_candidate_layout():
-    plan = _plan(LAYOUTS, 3, [32, 64])
+    plan = _plan(LAYOUTS, 3, [64, 128])
     assert len(plan) == 3
     for round_, steps in enumerate(plan):
-        assert sorted(s.probe_threads for s in steps if s.probe_threads) == [32, 64]
+        assert sorted(s.probe_threads for s in steps if s.probe_threads) == [64, 128]
         layouts = [s.layout for s in steps if not s.probe_threads]
         # Celery's defaults are the reference point: measured in the first round only.
         assert layouts == ([0, 1] if round_ == 0 else [1])
 
 
 def test_probes_go_first_in_even_rounds_and_last_in_odd_ones():
-    for round_, steps in enumerate(_plan(LAYOUTS, 4, [32, 64])):
+    for round_, steps in enumerate(_plan(LAYOUTS, 4, [64, 128])):
         kinds = ["probe" if s.probe_threads else "pipeline" for s in steps]
         first, last = ("probe", "pipeline") if round_ % 2 == 0 else ("pipeline", "probe")
         assert kinds == sorted(kinds, key=lambda k: k != first), kinds
