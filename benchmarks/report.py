@@ -252,7 +252,7 @@ def scaling_ratios(scaling: Scaling) -> tuple[float, float, float]:
 
 
 def acceptance(results: Results) -> list[str]:
-    """Each target of the issue, met or missed, with the numbers."""
+    """Each acceptance target of the benchmark, met or missed, with the numbers."""
     ratio = results.layout_ratio(results.best)
     lines = [
         _check(
