@@ -32,14 +32,13 @@ from digest_cleanup.testing.servers import RedisServer, WeedServer
 
 #: The weekly run of the ~120k-customer digest.
 DEFAULT_KEYS = 120_000
-#: Worker layouts tried, Celery's defaults first (see :meth:`Layout.parse`).  The
-#: other gives the sweep a worker of its own (it is CPU-bound while deletes wait on
-#: S3, and a sweep in the delete pool holds a delete slot for its whole length) and
-#: keeps as many deletes in flight as the faster raw probe, with threads, which cost
-#: less CPU than processes on a machine whose cores the S3 server needs; batches of
-#: 1000 keys (the most DeleteObjects takes) halve the requests and messages.  On the
-#: reference machine 8, 12, 16 and 32 threads and a gevent pool were slower, and
-#: 128 threads or two workers of 64 were no faster.
+#: Worker layouts tried, Celery's defaults first (see :meth:`Layout.parse`).  The other
+#: gives the sweep a worker of its own (it is CPU-bound while deletes wait on S3, and a
+#: sweep in the delete pool holds a delete slot for its whole length) and keeps 64
+#: deletes in flight, with threads, which cost less CPU than processes on a machine
+#: whose cores the S3 server needs; batches of 1000 keys (the most DeleteObjects takes)
+#: halve the requests and messages.  On the reference machine 8, 12, 16 and 32 threads
+#: and a gevent pool were slower, and 128 threads or two workers of 64 were no faster.
 DEFAULT_LAYOUTS = ("default", "sweeps:prefork:1+batches:threads:64@1000")
 #: Rounds of (probes, layouts): the machine may be shared, so every pipeline run is
 #: paired with the faster probe of its own round, and the median of the paired
