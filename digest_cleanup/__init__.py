@@ -23,7 +23,7 @@ def default_app() -> Any:
 
     try:
         settings = Settings.from_env()
-        targets = load_targets(settings.targets_file)
+        targets = load_targets(settings.targets_file, audit_url=settings.audit_url)
     except ConfigError as exc:
         # SystemExit passes through Celery's app loader: one line, no traceback, and
         # status 2 as the CLI gives for the same mistake.

@@ -2,8 +2,11 @@
 
 The order is what makes at-least-once delivery harmless:
 
-1. Refuse what can never work (malformed, unknown target or run, out of scope,
-   oversized) before touching the store: such a message is dead-lettered whole.
+1. Refuse what must not be deleted before touching the store: a message that
+   does not decode is dead-lettered as poison; a batch that decodes but fails a
+   check (unknown target or run, a stale incarnation, its target's scope changed
+   since it was listed, a key out of scope, a cutoff inside the retention window)
+   is dead-lettered whole, with every key and condition, and can be redriven.
 2. Count the delivery; past ``max_deliveries`` the batch is ``worker_lost``.
 3. Delete (idempotent), then publish follow-ups (retry, dead letter), and only
    then record the attempt.  A crash before recording redelivers the message,
@@ -13,7 +16,6 @@ The order is what makes at-least-once delivery harmless:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -28,8 +30,8 @@ from digest_cleanup.batches import (
     decide,
 )
 from digest_cleanup.dead_letter import make_entry, make_poison_entry
-from digest_cleanup.errors import PoisonMessage, TargetsFileError
-from digest_cleanup.kinds import ItemResult, Outcome
+from digest_cleanup.errors import CutoffError, PoisonMessage, RefusedBatch, TargetsFileError
+from digest_cleanup.kinds import ItemResult, Outcome, TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.runs import BatchRecord
 from digest_cleanup.runtime import Runtime
@@ -42,9 +44,12 @@ def process(runtime: Runtime, raw: Any, task_id: str, publisher: Publisher) -> B
     started = time.monotonic()
     try:
         payload = BatchPayload.from_message(raw)
-        kind = _check(runtime, payload)
     except PoisonMessage as poison:
         return _poison(runtime, raw, task_id, poison, publisher)
+    try:
+        kind = _check(runtime, payload)
+    except RefusedBatch as refused:
+        return _refuse(runtime, payload, refused, publisher, started)
 
     store = runtime.store
     settings = runtime.settings
@@ -78,7 +83,7 @@ def process(runtime: Runtime, raw: Any, task_id: str, publisher: Publisher) -> B
         )
 
     t0 = time.monotonic()
-    results = kind.delete(payload.items, payload.cutoff_datetime())
+    results = kind.delete(payload.items, payload.cutoff_datetime(), payload.conditions)
     delete_seconds = time.monotonic() - t0
     decided = decide(results, payload.attempt, settings.max_retries)
     return _follow_up_and_record(
@@ -86,46 +91,112 @@ def process(runtime: Runtime, raw: Any, task_id: str, publisher: Publisher) -> B
     )
 
 
-def _check(runtime: Runtime, payload: BatchPayload) -> Any:
-    """Return the kind for a batch that may be deleted, or raise :class:`PoisonMessage`."""
+def _check(runtime: Runtime, payload: BatchPayload) -> TargetKind:
+    """Return the kind for a batch that may be deleted, or raise :class:`RefusedBatch`.
+
+    Every check reads this worker's own targets file and clock, never the
+    message's word: a batch outlives the configuration that listed it (retries,
+    redrives, duplicate deliveries), and a message can be forged.
+    """
     try:
         target = runtime.target(payload.target)
     except TargetsFileError as exc:
-        raise PoisonMessage("unknown_target", str(exc)) from None
+        raise RefusedBatch("unknown_target", f"{exc}; nothing in the batch was deleted") from None
     kind = runtime.kind(target.name)
     if len(payload.items) > kind.max_batch_size:
-        raise PoisonMessage(
+        raise RefusedBatch(
             "too_many_keys",
             f"{len(payload.items)} items; one {target.kind} delete takes at most "
             f"{kind.max_batch_size}",
+        )
+    if payload.scope != kind.scope_digest:
+        raise RefusedBatch(
+            "target_changed",
+            f"the batch was listed under another configuration of target {target.name} "
+            f"(scope {payload.scope or 'unknown'}, now {kind.scope_digest}: bucket, prefix, "
+            "versions or endpoint changed); nothing was deleted. Put the configuration back "
+            "and redrive, or purge this entry: the target's next run lists it afresh",
         )
     # Scope first: a key outside the target is refused whatever else the message claims.
     for item in payload.items:
         reason = kind.out_of_scope(item)
         if reason is not None:
-            raise PoisonMessage(
+            raise RefusedBatch(
                 "out_of_scope", f"an item is {reason}; nothing in the batch was deleted"
             )
+    try:
+        target.check_cutoff(payload.cutoff_datetime())
+    except CutoffError as exc:
+        raise RefusedBatch("inside_retention", f"{exc}; nothing in the batch was deleted") from None
     run = runtime.store.find(payload.run_id)
     if run is None or run.fields.get("target") != payload.target:
-        raise PoisonMessage(
+        raise RefusedBatch(
             "unknown_run",
             f"run {payload.run_id!r} is not in the run store (lost with a Redis restart, or "
             "forged); nothing was deleted; run the target again to re-list from the store",
         )
     if run.fields.get("token", "") != payload.run_token:
-        raise PoisonMessage(
+        raise RefusedBatch(
             "stale_run",
             f"the batch belongs to an earlier incarnation of run {payload.run_id!r} (Redis "
             "restarted or the run was restarted since it was published); nothing was deleted; "
             "the current run re-lists its own keys",
         )
     if run.fields.get("cutoff") != payload.cutoff:
-        raise PoisonMessage(
+        raise RefusedBatch(
             "cutoff_mismatch",
             f"message cutoff {payload.cutoff} differs from the run's {run.fields.get('cutoff')}",
         )
     return kind
+
+
+def _refuse(
+    runtime: Runtime,
+    payload: BatchPayload,
+    refused: RefusedBatch,
+    publisher: Publisher,
+    started: float,
+) -> BatchReport:
+    """Dead-letter a refused batch whole; count it only in the run incarnation it belongs to.
+
+    A batch of an unknown run, or of an earlier incarnation, counts nothing: the
+    current run's counters are its own.
+    """
+    dead = {
+        i: ItemResult(i, Outcome.PERMANENT, refused.code, refused.message) for i in payload.items
+    }
+    run = runtime.store.find(payload.run_id)
+    current = (
+        run is not None
+        and run.fields.get("target") == payload.target
+        and run.fields.get("token", "") == payload.run_token
+        and runtime.store.is_pending(payload.run_id, payload.batch_id)
+    )
+    if current:
+        return _follow_up_and_record(
+            runtime,
+            payload,
+            publisher,
+            decide(list(dead.values()), payload.attempt, 0),
+            started,
+            reason=refused.code,
+            delete_seconds=0.0,
+            message=refused.message,
+        )
+    entry = make_entry(payload, dead, refused.code, refused.message)
+    entry_id = entry.dead_letter["entry_id"]
+    publisher.dead_letter(entry_id, entry.to_message(), entry.describe())
+    report = BatchReport(
+        status="dead_lettered",
+        batch_id=payload.batch_id,
+        run_id=payload.run_id,
+        target=payload.target,
+        dead_lettered=len(dead),
+        entry_id=entry_id,
+        reason=refused.code,
+    )
+    log_event(logger, "batch", runtime.settings, level=logging.WARNING, **report.as_dict())
+    return report
 
 
 def _follow_up_and_record(
@@ -137,6 +208,7 @@ def _follow_up_and_record(
     *,
     reason: str,
     delete_seconds: float,
+    message: str = "",
 ) -> BatchReport:
     settings = runtime.settings
     report = BatchReport(
@@ -153,9 +225,8 @@ def _follow_up_and_record(
         countdown = backoff(payload.attempt, settings, decided.retry_after)
         failures = {i: [r.code, r.message[:500]] for i, r in decided.retry.items()}
         publisher.retry(
-            dataclasses.replace(
-                payload,
-                items=list(decided.retry),
+            payload.subset(
+                list(decided.retry),
                 attempt=payload.attempt + 1,
                 failures=failures,
                 first_failure_at=payload.first_failure_at or now,
@@ -172,7 +243,7 @@ def _follow_up_and_record(
         if not reason:
             transient = any(r.outcome is Outcome.TRANSIENT for r in decided.dead.values())
             reason = "retries_exhausted" if transient else "permanent_error"
-        entry = make_entry(payload, decided.dead, reason)
+        entry = make_entry(payload, decided.dead, reason, message)
         entry_id = entry.dead_letter["entry_id"]
         publisher.dead_letter(entry_id, entry.to_message(), entry.describe())
         report.status = "dead_lettered" if not decided.retry else report.status
@@ -196,6 +267,7 @@ def _follow_up_and_record(
             service_seconds=time.monotonic() - started if delete_seconds else None,
             delete_seconds=delete_seconds,
             items=len(payload.items),
+            skipped_items=[(r.item, r.code, r.message) for r in decided.skipped_items],
         ),
     )
     if report.recorded == "duplicate":

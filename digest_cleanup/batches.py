@@ -1,7 +1,9 @@
 """Batches: the message a sweep publishes, and what one attempt to delete it decides.
 
 A batch carries up to ``batch_size`` items, compressed by their common prefix
-(500 digest keys share most of their path, so this roughly halves a message).
+(500 digest keys share most of their path, so this roughly halves a message),
+with each item's delete condition (its listed ETag, for S3) and the digest of
+the target's scope when it was listed.
 Its id is deterministic (``RUN-bNNNNN``), and every attempt is claimed as
 ``batch / generation / attempt`` so a duplicate delivery counts nothing.
 """
@@ -48,11 +50,22 @@ class BatchPayload:
     #: The run incarnation this batch belongs to: a batch from before a Redis restart or
     #: a run restart carries an old token and is refused rather than counted in a new run.
     run_token: str = ""
+    #: One delete condition per item (see :class:`~digest_cleanup.kinds.Page`), or none.
+    conditions: list[str] = dataclasses.field(default_factory=list)
+    #: The digest of the target's scope when the batch was listed; a worker whose
+    #: target differs now refuses the batch (``target_changed``).
+    scope: str = ""
 
     @property
     def claim(self) -> str:
         """The key that makes recording this attempt happen once."""
         return f"{self.batch_id}/g{self.generation}/a{self.attempt}"
+
+    def subset(self, items: Sequence[str], **changes: Any) -> BatchPayload:
+        """The same batch for some of its items, each keeping its own condition."""
+        by_item = dict(zip(self.items, self.conditions, strict=True)) if self.conditions else {}
+        conditions = [by_item[i] for i in items] if by_item else []
+        return dataclasses.replace(self, items=list(items), conditions=conditions, **changes)
 
     def cutoff_datetime(self) -> datetime:
         return datetime.fromisoformat(self.cutoff)
@@ -83,11 +96,12 @@ class BatchPayload:
         data["failures"] = {k: list(v) for k, v in self.failures.items()}
         data["dead_letter"] = copy.deepcopy(self.dead_letter)
         items = data.pop("items")
+        data["conditions"] = list(self.conditions)
         # Character-wise on purpose: keys share more than whole path segments.
         base = os.path.commonprefix(items) if len(items) > 1 else ""  # noqa: RUF071
         data["base"] = base
         data["rest"] = [i[len(base) :] for i in items]
-        return {k: v for k, v in data.items() if v not in ({}, "") or k in ("base",)}
+        return {k: v for k, v in data.items() if v not in ({}, "", []) or k in ("base", "rest")}
 
     @classmethod
     def from_message(cls, raw: Mapping[str, Any]) -> BatchPayload:
@@ -119,6 +133,11 @@ class BatchPayload:
                     raise TypeError(f"{name} must be a non-empty string")
             if not isinstance(payload.attempt, int) or not isinstance(payload.generation, int):
                 raise TypeError("attempt and generation must be whole numbers")
+            conditions = payload.conditions
+            if not isinstance(conditions, list) or not all(isinstance(c, str) for c in conditions):
+                raise TypeError("conditions must be a list of strings")
+            if conditions and len(conditions) != len(items):
+                raise TypeError(f"{len(conditions)} conditions for {len(items)} items")
             payload.cutoff_datetime()
         except PoisonMessage:
             raise
@@ -133,6 +152,8 @@ class AttemptResult:
 
     deleted: int = 0
     skipped: int = 0
+    #: The items left alone on purpose (rewritten since listing), with why.
+    skipped_items: list[ItemResult] = dataclasses.field(default_factory=list)
     #: Items to try again, with the error they failed with.
     retry: dict[str, ItemResult] = dataclasses.field(default_factory=dict)
     #: Items to dead-letter, with the error they failed with.
@@ -155,6 +176,7 @@ def decide(results: Sequence[ItemResult], attempt: int, max_retries: int) -> Att
             out.deleted += 1
         elif result.outcome is Outcome.SKIPPED:
             out.skipped += 1
+            out.skipped_items.append(result)
         elif result.outcome is Outcome.TRANSIENT and attempt < max_retries:
             out.retry[result.item] = result
             if result.retry_after is not None:

@@ -198,6 +198,7 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
 
     target = ctx.runtime.target(args.target)
     cutoff = parse_cutoff(args.cutoff) if args.cutoff else target.cutoff_for(_now())
+    target.check_cutoff(cutoff)  # before anything connects: the answer needs no service
     ctx.ping()
     started = start(
         ctx.runtime,

@@ -148,9 +148,8 @@ def make_entry(
         counts = Counter(r.code for r in dead.values())
         message = ", ".join(f"{code} x{n}" for code, n in counts.most_common())
     entry_id = f"dl-{payload.batch_id}-g{payload.generation}a{payload.attempt}"
-    return dataclasses.replace(
-        payload,
-        items=list(dead),
+    return payload.subset(
+        list(dead),
         attempt=0,
         generation=payload.generation + 1,
         failures={},

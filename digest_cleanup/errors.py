@@ -7,12 +7,14 @@
     │   ├── SettingsError           an environment variable (names it)
     │   └── TargetsFileError        the targets file (names the target and field)
     ├── UsageError                  a bad CLI argument; exit code 2
+    │   └── CutoffError             a cutoff inside the target's retention window
     ├── RunStateError               the run store is missing or inconsistent
     ├── DeadLetterError             a dead-letter operation was refused
     └── ItemError                   one item could not be deleted
         ├── TransientError          retry later: throttling, 5xx, timeouts
         └── PermanentError          never retried: access denied, locked, out of scope
-            └── PoisonMessage       a message that can never succeed; dead-lettered at once
+            ├── PoisonMessage       a message that does not decode; dead-lettered at once
+            └── RefusedBatch        a batch a delete-time check refuses; dead-lettered whole
 
 Retry policy keys off :class:`TransientError` versus :class:`PermanentError`,
 never off message text.  Kinds map their own low-level errors into these with
@@ -47,6 +49,10 @@ class UsageError(CleanupError):
     """A command-line argument is invalid."""
 
 
+class CutoffError(UsageError):
+    """A cutoff that would delete items still inside their target's retention window."""
+
+
 class RunStateError(CleanupError):
     """The run store does not hold what the operation needs."""
 
@@ -75,3 +81,12 @@ class PermanentError(ItemError):
 
 class PoisonMessage(PermanentError):
     """A message that can never succeed; it is dead-lettered at once, never retried."""
+
+
+class RefusedBatch(PermanentError):
+    """A batch that decoded but that a delete-time check refuses; nothing in it is deleted.
+
+    It is dead-lettered whole, with all its keys and their conditions, as an entry
+    that can be redriven once its cause is fixed (the target's configuration put
+    back, say).
+    """

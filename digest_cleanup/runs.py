@@ -53,6 +53,7 @@ RUN_KEY_SUFFIXES = (
     "retried_codes",
     "deliveries",
     "staged",
+    "skipped_items",
 )
 #: Upper bounds (seconds) of the enqueue-to-acknowledgement latency histogram.
 LATENCY_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -126,6 +127,7 @@ redis.call('HINCRBY', run, 'retries', r.retries)
 redis.call('HSET', run, 'last_batch_at', ARGV[3])
 for code, n in pairs(r.codes) do redis.call('HINCRBY', codes, code, n) end
 for _, code in ipairs(r.retried) do redis.call('HINCRBY', KEYS[7], code, 1) end
+for _, line in ipairs(r.skipped_items) do redis.call('RPUSH', KEYS[8], line) end
 if r.bucket ~= '' then
   redis.call('HINCRBY', hist, r.bucket, 1)
   redis.call('HINCRBY', hist, 'count', 1)
@@ -188,6 +190,8 @@ class BatchRecord:
     service_seconds: float | None = None
     delete_seconds: float = 0.0
     items: int = 0
+    #: The items this attempt left alone on purpose, as ``(item, code, message)``.
+    skipped_items: Sequence[tuple[str, str, str]] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,7 +306,7 @@ class RunStore:
         )
         return _text(result)
 
-    def stage(self, run_id: str, batches: Sequence[Sequence[str]]) -> int:
+    def stage(self, run_id: str, batches: Sequence[Sequence[Any]]) -> int:
         """Append batches of expired items to the run's staged list; returns its length.
 
         The guard pass stages what it counted, so publishing reads the batches back
@@ -311,7 +315,7 @@ class RunStore:
         key = self.run_key(run_id, "staged")
         return int(self.redis.rpush(key, *(json.dumps(list(b)) for b in batches)))
 
-    def staged(self, run_id: str, start: int, count: int) -> list[list[str]]:
+    def staged(self, run_id: str, start: int, count: int) -> list[list[Any]]:
         """Up to ``count`` staged batches from index ``start`` on, in the order staged."""
         raw = self.redis.lrange(self.run_key(run_id, "staged"), start, start + count - 1)
         return [list(json.loads(batch)) for batch in raw]
@@ -353,6 +357,10 @@ class RunStore:
             "service": -1 if rec.service_seconds is None else round(rec.service_seconds, 5),
             "delete_seconds": round(rec.delete_seconds, 5),
             "items": rec.items,
+            "skipped_items": [
+                json.dumps({"key": i, "code": c, "message": m[:500]})
+                for i, c, m in rec.skipped_items
+            ],
         }
         result = self._record(
             keys=[
@@ -363,10 +371,16 @@ class RunStore:
                 self.key("latency", target),
                 self.key("timings", target),
                 self.run_key(run_id, "retried_codes"),
+                self.run_key(run_id, "skipped_items"),
             ],
             args=[rec.claim, json.dumps(payload), now_iso()],
         )
         return _text(result)
+
+    def skipped_items(self, run_id: str) -> Iterator[dict[str, str]]:
+        """The items the run left alone on purpose, with their code and why."""
+        for raw in self.redis.lrange(self.run_key(run_id, "skipped_items"), 0, -1):
+            yield dict(json.loads(raw))
 
     def timings(self, target: str, limit: int = 2000) -> list[tuple[float, float, int]]:
         """Recent attempts of a target, newest first: (attempt s, delete s, items)."""

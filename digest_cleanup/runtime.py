@@ -35,7 +35,9 @@ class Runtime:
     @property
     def targets(self) -> Targets:
         if self._targets is None:
-            self._targets = load_targets(self.settings.targets_file)
+            self._targets = load_targets(
+                self.settings.targets_file, audit_url=self.settings.audit_url
+            )
         return self._targets
 
     @cached_property

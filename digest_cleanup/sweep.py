@@ -31,11 +31,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 from digest_cleanup.batches import BatchPayload, backoff, batch_id
-from digest_cleanup.errors import ItemError, PermanentError, RunStateError
-from digest_cleanup.kinds import TargetKind
+from digest_cleanup.errors import CutoffError, ItemError, PermanentError, RunStateError
+from digest_cleanup.kinds import Page, TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.reports import finish_run
-from digest_cleanup.runs import RunStore, epoch_of, now_iso
+from digest_cleanup.runs import FINAL_STATUSES, RunStore, epoch_of, now_iso
 from digest_cleanup.runtime import Runtime
 from digest_cleanup.targets import Target
 
@@ -45,8 +45,8 @@ logger = logging.getLogger("digest_cleanup.sweep")
 SLICE_SECONDS = 30.0
 #: Expired items a dry run shows as a sample.
 SAMPLE_SIZE = 20
-#: Most expired items the guard pass stages in Redis for publishing (about 60 bytes
-#: each there).  Only a forced run, or a max_delete raised past it, stages more;
+#: Most expired items the guard pass stages in Redis for publishing (about 100 bytes
+#: each there, with its ETag).  Only a forced run, or a max_delete raised past it, stages more;
 #: such a run lists its target a second time to publish instead.
 STAGE_LIMIT = 1_000_000
 #: Staged batches read from Redis, checkpointed and published at a time.
@@ -54,6 +54,8 @@ STAGED_READ_BATCHES = 16
 
 SliceResult = Literal["continue", "done", "attached", "failed", "missing"]
 Publish = Callable[[BatchPayload], None]
+#: An expired item with its delete condition, as the checkpoint and staging keep it.
+Expired = list[str]
 
 
 @dataclasses.dataclass
@@ -65,7 +67,8 @@ class Checkpoint:
     seq: int = 0
     listed: int = 0
     expired: int = 0
-    pending: list[str] = dataclasses.field(default_factory=list)
+    #: Expired items not yet in a batch, each as ``[item, condition]``.
+    pending: list[Expired] = dataclasses.field(default_factory=list)
     outbox: list[list[Any]] = dataclasses.field(default_factory=list)
     sample: list[str] = dataclasses.field(default_factory=list)
     done: bool = False
@@ -107,13 +110,20 @@ def sweep_slice(
         return "attached"
     try:
         target = runtime.target(run["target"])
+        kind = runtime.kind(target.name)
+        cutoff = datetime.fromisoformat(run["cutoff"])
+        refusal = _refusal(target, kind, cutoff, run.fields.get("scope", ""))
+        if refusal is not None:
+            store.fail(run_id, *refusal)
+            finish_run(runtime, run_id)
+            return "failed"
         raw = store.load_checkpoint(run_id)
         sweep = _Slice(
             runtime=runtime,
             run_id=run_id,
             target=target,
-            kind=runtime.kind(target.name),
-            cutoff=datetime.fromisoformat(run["cutoff"]),
+            kind=kind,
+            cutoff=cutoff,
             cp=_checkpoint(raw, run.fields.get("token", "")),
             deadline=time.monotonic() + limit,
             forced=run.fields.get("forced") == "1",
@@ -130,6 +140,26 @@ def sweep_slice(
         store.redis.eval(release, 1, lease_key, token)
 
 
+def _refusal(
+    target: Target, kind: TargetKind, cutoff: datetime, scope: str
+) -> tuple[str, str] | None:
+    """Why this sweep must not go on, as (reason, message), or None.
+
+    Checked on every slice, against this process's own targets file and clock: a
+    run outlives its trigger, and its target's configuration can change under it.
+    """
+    try:
+        target.check_cutoff(cutoff)
+    except CutoffError as exc:
+        return "inside_retention", f"{exc}; the sweep stopped and published nothing more"
+    if scope and scope != kind.scope_digest:
+        return "target_changed", (
+            f"target {target.name}'s scope changed since the run started (bucket, prefix, "
+            "versions or endpoint); the sweep stopped, and its next trigger lists afresh"
+        )
+    return None
+
+
 def _checkpoint(raw: dict[str, Any] | None, run_token: str) -> Checkpoint:
     if raw is None:
         return Checkpoint(run_token=run_token)
@@ -137,7 +167,10 @@ def _checkpoint(raw: dict[str, Any] | None, run_token: str) -> Checkpoint:
         # Written by a release that did not stage: whatever it counted is not in
         # Redis, so this sweep publishes by listing, as that release did.
         raw = {**raw, "staged": -1}
-    return Checkpoint(**raw)
+    # A release before delete conditions kept bare items: they go without one, and
+    # the kind looks each up before deleting it.
+    pending = [[e, ""] if isinstance(e, str) else list(e) for e in raw.get("pending", [])]
+    return Checkpoint(**{**raw, "pending": pending})
 
 
 @dataclasses.dataclass
@@ -204,7 +237,7 @@ def _guard(sweep: _Slice) -> bool:
             store.keep_staged(run_id, 0)
             cp.staged, cp.pending, staging = -1, [], False
         elif staging:
-            cp.pending.extend(page.expired)
+            cp.pending.extend(_expired(page))
             _stage(sweep, final=False)
         if sweep.out_of_time():
             sweep.save()
@@ -248,7 +281,12 @@ def _stage(sweep: _Slice, *, final: bool) -> None:
         sweep.cp.staged = sweep.store.stage(sweep.run_id, batches)
 
 
-def _take_batches(sweep: _Slice, *, final: bool) -> list[list[str]]:
+def _expired(page: Page) -> list[Expired]:
+    conditions = page.conditions or [""] * len(page.expired)
+    return [[item, condition] for item, condition in zip(page.expired, conditions, strict=True)]
+
+
+def _take_batches(sweep: _Slice, *, final: bool) -> list[list[Expired]]:
     """Take the full batches off the pending items (and the rest too when ``final``)."""
     cp, size = sweep.cp, sweep.target.batch_size
     cut = len(cp.pending) if final else len(cp.pending) - len(cp.pending) % size
@@ -279,7 +317,7 @@ def _publish_staged(sweep: _Slice, publish: Publish) -> SliceResult:
         first = cp.seq
         chunk = _read_staged(sweep, first, STAGED_READ_BATCHES)
         cp.seq = first + len(chunk)
-        cp.expired += sum(len(items) for items in chunk)
+        cp.expired += sum(len(entries) for entries in chunk)
         sweep.save([batch_id(run_id, seq) for seq in range(first + 1, cp.seq + 1)])
         for offset, items in enumerate(chunk):
             publish(_payload(sweep, first + offset + 1, items))
@@ -292,7 +330,7 @@ def _publish_staged(sweep: _Slice, publish: Publish) -> SliceResult:
     return result
 
 
-def _read_staged(sweep: _Slice, start: int, count: int) -> list[list[str]]:
+def _read_staged(sweep: _Slice, start: int, count: int) -> list[list[Any]]:
     chunk = sweep.store.staged(sweep.run_id, start, min(count, sweep.cp.staged - start))
     if not chunk:
         raise RunStateError(
@@ -315,7 +353,7 @@ def _publish_listed(sweep: _Slice, publish: Publish) -> SliceResult:
     for page in sweep.kind.scan(sweep.cutoff, start_after=cp.cursor):
         cp.listed += page.scanned
         cp.expired += len(page.expired)
-        cp.pending.extend(page.expired)
+        cp.pending.extend(_expired(page))
         if page.cursor is not None:
             cp.cursor = page.cursor
         _emit(sweep, publish, final=False)
@@ -364,7 +402,10 @@ def _emit(sweep: _Slice, publish: Publish, *, final: bool) -> None:
         publish(_payload(sweep, seq, items))
 
 
-def _payload(sweep: _Slice, seq: int, items: list[str]) -> BatchPayload:
+def _payload(sweep: _Slice, seq: int, entries: list[Any]) -> BatchPayload:
+    # A bare string is an item staged or checkpointed before conditions existed.
+    pairs = [(e, "") if isinstance(e, str) else (e[0], e[1]) for e in entries]
+    conditions = [condition for _, condition in pairs]
     return BatchPayload(
         run_id=sweep.run_id,
         run_token=sweep.cp.run_token,
@@ -372,7 +413,9 @@ def _payload(sweep: _Slice, seq: int, items: list[str]) -> BatchPayload:
         batch_id=batch_id(sweep.run_id, seq),
         seq=seq,
         cutoff=sweep.cutoff.isoformat(),
-        items=items,
+        items=[item for item, _ in pairs],
+        conditions=conditions if any(conditions) else [],
+        scope=sweep.kind.scope_digest,
         published_at=time.time(),
     )
 
@@ -401,14 +444,22 @@ def start(
     A second trigger for a run in progress attaches to it (beat firing twice, an
     operator re-running).  A run whose sweep stopped making progress for longer
     than the visibility timeout gets its sweep enqueued again: it resumes from
-    the checkpoint.  A ``failed`` run starts over, since nothing it refused was deleted.
+    the checkpoint.  A ``failed`` run starts over, since nothing it refused was deleted,
+    and so does a finished run whose target's scope has changed since.
+
+    Raises :class:`CutoffError` for a cutoff inside the target's retention window,
+    whoever asks for it (the CLI, beat, or a trigger sent through Flower's API).
     """
+    target.check_cutoff(cutoff)
     store = runtime.store
     run_id = run_id_for(target.name, cutoff, dry_run=dry_run)
+    kind = target.make_kind(runtime.settings)
     fields = {
         "target": target.name,
         "kind": target.kind,
-        "location": target.make_kind(runtime.settings).describe(),
+        "location": kind.describe(),
+        "scope": kind.scope_digest,
+        "conditional_deletes": kind.conditional,
         "cutoff": cutoff.isoformat(),
         "dry_run": dry_run,
         "forced": force,
@@ -418,6 +469,10 @@ def start(
         "config_digest": target.config_digest,
     }
     status = store.open(run_id, fields)
+    if status in FINAL_STATUSES and status != "failed":
+        previous = store.get(run_id).fields.get("scope", "")
+        if previous and previous != kind.scope_digest:
+            status = "failed"  # listed under another scope: list again under this one
     if status == "failed":
         store.reset(run_id)
         status = store.open(run_id, fields)

@@ -12,14 +12,14 @@ import hashlib
 import json
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from celery.schedules import crontab
 
-from digest_cleanup.errors import TargetsFileError
+from digest_cleanup.errors import CutoffError, TargetsFileError
 from digest_cleanup.kinds import TargetKind, load_kind
 from digest_cleanup.settings import Settings
 
@@ -34,7 +34,7 @@ DEFAULT_MAX_DELETE = 250_000
 CATCH_UP_WINDOW = timedelta(days=7)
 
 COMMON_FIELDS = frozenset(
-    {"kind", "retention_days", "schedule", "batch_size", "max_delete", "description"}
+    {"kind", "retention_days", "schedule", "batch_size", "max_delete", "description", "overlaps"}
 )
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -54,10 +54,27 @@ class Target:
     kind_class: type[TargetKind] = dataclasses.field(repr=False, compare=False)
     #: SHA-256 of the target's table as written, so a report shows which config ran.
     config_digest: str = ""
+    #: Targets this one may overlap on purpose (``overlaps = ["other"]``).
+    overlaps: tuple[str, ...] = ()
 
     def cutoff_for(self, now: datetime) -> datetime:
         """Items last modified before this instant have expired."""
         return (now - timedelta(days=self.retention_days)).astimezone(UTC).replace(microsecond=0)
+
+    def check_cutoff(self, cutoff: datetime, now: datetime | None = None) -> None:
+        """Refuse a cutoff inside the retention window: it would delete items still kept.
+
+        ``now`` is the checker's own clock, never a time a message or a caller
+        supplies: the check is what stops a forged or mistaken one.
+        """
+        latest = self.cutoff_for(now or utcnow())
+        if cutoff > latest:
+            raise CutoffError(
+                f"cutoff {cutoff.isoformat()} is inside the retention window of target "
+                f"{self.name} (retention_days = {self.retention_days}): objects modified after "
+                f"{latest.isoformat()} must be kept; use a cutoff at or before "
+                f"{latest.isoformat()}, or leave --cutoff out for the latest one"
+            )
 
     def crontab(self) -> crontab:
         """The schedule as a Celery crontab (UTC)."""
@@ -111,8 +128,8 @@ class Targets:
             ) from None
 
 
-def load_targets(path: Path) -> Targets:
-    """Read and validate a targets file."""
+def load_targets(path: Path, *, audit_url: str | None = None) -> Targets:
+    """Read and validate a targets file (and that ``audit_url`` is in no target's scope)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -122,11 +139,19 @@ def load_targets(path: Path) -> Targets:
         ) from None
     except OSError as exc:
         raise TargetsFileError(f"CLEANUP_TARGETS_FILE: cannot read {path}: {exc}") from exc
-    return parse_targets(text, path)
+    return parse_targets(text, path, audit_url=audit_url)
 
 
-def parse_targets(text: str, path: Path = Path("<string>")) -> Targets:
-    """Validate the TOML text of a targets file."""
+def parse_targets(
+    text: str, path: Path = Path("<string>"), *, audit_url: str | None = None
+) -> Targets:
+    """Validate the TOML text of a targets file.
+
+    Besides each table, it refuses two targets whose scopes overlap (one could
+    delete the other's longer-kept items) unless one names the other in
+    ``overlaps``, and an audit location (``CLEANUP_AUDIT_URL``) inside a target's
+    scope, where a run could delete the reports.
+    """
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -145,7 +170,40 @@ def parse_targets(text: str, path: Path = Path("<string>")) -> Targets:
         if not isinstance(table, dict):
             raise TargetsFileError(f"targets.{name}: must be a table, got {table!r}")
         by_name[name] = parse_target(name, table)
+    _check_overlaps(by_name.values(), audit_url)
     return Targets(path=path, by_name=by_name)
+
+
+def _check_overlaps(targets: Iterable[Target], audit_url: str | None) -> None:
+    placed = [(t, t.kind_class.namespace(t.options)) for t in targets]
+    located = [(t, where) for t, where in placed if where is not None]
+    for i, (a, (store_a, prefix_a)) in enumerate(located):
+        for b, (store_b, prefix_b) in located[i + 1 :]:
+            if store_a != store_b or not _nested(prefix_a, prefix_b):
+                continue
+            if b.name in a.overlaps or a.name in b.overlaps:
+                continue
+            raise TargetsFileError(
+                f"targets.{a.name} and targets.{b.name} overlap: {store_a}/{prefix_a} and "
+                f"{store_b}/{prefix_b}; a run of one could delete the other's items before "
+                f"their retention ends. Give them disjoint prefixes, or, if the overlap is "
+                f'intended, add overlaps = ["{b.name}"] to targets.{a.name}'
+            )
+    if audit_url is None:
+        return
+    bucket, _, prefix = audit_url.removeprefix("s3://").partition("/")
+    for t, (store, target_prefix) in located:
+        if store == f"s3://{bucket}" and _nested(prefix, target_prefix):
+            raise TargetsFileError(
+                f"CLEANUP_AUDIT_URL: {audit_url} lies in the scope of targets.{t.name} "
+                f"({store}/{target_prefix}), whose runs could delete the audit reports; "
+                "point CLEANUP_AUDIT_URL at a prefix no target covers"
+            )
+
+
+def _nested(a: str, b: str) -> bool:
+    """True when one prefix contains the other (the empty prefix contains every key)."""
+    return a.startswith(b) or b.startswith(a)
 
 
 def parse_target(name: str, table: Mapping[str, Any]) -> Target:
@@ -180,6 +238,11 @@ def parse_target(name: str, table: Mapping[str, Any]) -> Target:
             "items one run may delete"
         )
     description = _optional(name, table, "description", str, "")
+    overlaps = _optional(name, table, "overlaps", list, [])
+    if not all(isinstance(o, str) for o in overlaps):
+        raise TargetsFileError(
+            f"targets.{name}.overlaps: expected a list of target names, got {overlaps!r}"
+        )
     own = {k: v for k, v in table.items() if k not in COMMON_FIELDS}
     options = kind_class.parse_options(name, own)
     digest = hashlib.sha256(
@@ -196,6 +259,7 @@ def parse_target(name: str, table: Mapping[str, Any]) -> Target:
         options=options,
         kind_class=kind_class,
         config_digest=digest,
+        overlaps=tuple(overlaps),
     )
 
 

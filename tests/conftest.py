@@ -123,7 +123,7 @@ def s3_targets(
         f"[targets.{name}]",
         f'bucket = "{bucket}"',
         f'prefix = "{prefix}"',
-        "retention_days = 30",
+        "retention_days = 0",
         'schedule = "0 3 * * 0"',
     ]
     lines.extend(f"{key} = {toml_value(value)}" for key, value in extra.items())

@@ -27,7 +27,9 @@ class KillerKind(TargetKind):
             items = [f"doomed/{i}" for i in range(self.options.count)]
             yield Page(scanned=len(items), expired=items, cursor=items[-1])
 
-    def delete(self, items: Sequence[str], cutoff: datetime) -> list[ItemResult]:
+    def delete(
+        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[ItemResult]:
         os.kill(os.getpid(), signal.SIGKILL)  # an OOM kill, as far as Celery can tell
         raise AssertionError("unreachable")
 

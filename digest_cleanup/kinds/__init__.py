@@ -11,9 +11,16 @@ import importlib
 from importlib.metadata import entry_points
 
 from digest_cleanup.errors import TargetsFileError
-from digest_cleanup.kinds.base import ItemResult, Outcome, Page, TargetKind
+from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, ItemResult, Outcome, Page, TargetKind
 
-__all__ = ["ItemResult", "Outcome", "Page", "TargetKind", "load_kind"]
+__all__ = [
+    "CHANGED_SINCE_LISTING",
+    "ItemResult",
+    "Outcome",
+    "Page",
+    "TargetKind",
+    "load_kind",
+]
 
 #: Kinds that ship with digest-cleanup, imported only when a target uses them.
 BUILTIN_KINDS = {

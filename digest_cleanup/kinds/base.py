@@ -5,6 +5,12 @@ A kind answers two questions and nothing else:
 * :meth:`TargetKind.scan` -- which items have expired, streamed in pages;
 * :meth:`TargetKind.delete` -- delete this batch and say what became of each item.
 
+A scan may attach a *condition* to each expired item: what the item must still
+be for its delete to go ahead (for S3, the ETag the listing saw).  The pipeline
+carries conditions with their items through batches, retries and dead letters,
+and hands them back to :meth:`TargetKind.delete`, so the store itself refuses to
+delete an item that was rewritten after it was listed.
+
 Everything else (fan-out, retries, dead letters, run state, reports, metrics,
 Flower names) is the pipeline's, and it never learns which kind it serves.
 Items are opaque strings to the pipeline: an S3 key, a primary key, a Redis key.
@@ -14,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
@@ -37,6 +45,13 @@ class Page:
     scanned: int
     expired: list[str]
     cursor: str | None
+    #: One condition per expired item, in the same order (S3: its ETag); empty when
+    #: the kind checks expiry itself at delete time.
+    conditions: list[str] = dataclasses.field(default_factory=list)
+
+
+#: The code of an item left alone because it no longer is what the sweep found expired.
+CHANGED_SINCE_LISTING = "changed_since_listing"
 
 
 class Outcome(enum.StrEnum):
@@ -44,7 +59,8 @@ class Outcome(enum.StrEnum):
 
     #: Gone now, whether this request removed it or it was already absent.
     DELETED = "deleted"
-    #: Left alone on purpose: it is no longer expired (rewritten since the sweep).
+    #: Left alone on purpose: it is no longer expired (rewritten since the sweep,
+    #: code :data:`CHANGED_SINCE_LISTING`).
     SKIPPED = "skipped"
     #: Failed, but a later attempt may succeed.
     TRANSIENT = "transient"
@@ -94,8 +110,15 @@ class TargetKind(ABC):
         """Stream the target's items in a stable order, page by page, marking expired ones."""
 
     @abstractmethod
-    def delete(self, items: Sequence[str], cutoff: datetime) -> list[ItemResult]:
+    def delete(
+        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[ItemResult]:
         """Delete ``items`` (all in scope, at most the kind's batch limit); one result per item.
+
+        ``conditions`` are the scan's, one per item (``""`` where the scan gave none,
+        or empty when no item has one).  Check and delete must be one step in the
+        store: an item that no longer is what the scan found expired is left alone
+        and reported :attr:`Outcome.SKIPPED` with :data:`CHANGED_SINCE_LISTING`.
 
         Must be idempotent: deleting an absent item is :attr:`Outcome.DELETED`.
         An error that fails the whole request is reported on every item, not raised.
@@ -111,6 +134,36 @@ class TargetKind(ABC):
 
     #: The most items one :meth:`delete` call accepts.
     max_batch_size: ClassVar[int] = 1000
+
+    @classmethod
+    def namespace(cls, options: Any) -> tuple[str, str] | None:
+        """Where a target's items live, as ``(store, prefix)``, for the overlap check.
+
+        Two targets overlap when they name the same store and one prefix starts
+        with the other.  ``None`` (the default) means the kind cannot tell, and its
+        targets are not checked.
+        """
+        return None
+
+    def scope(self) -> dict[str, Any]:
+        """Everything that decides which items are this target's, for the scope digest.
+
+        A batch carries the digest of its target's scope when it was listed; a worker
+        whose scope differs refuses it (``target_changed``).  The default is every
+        option of the target.
+        """
+        return {"kind": self.name, **dataclasses.asdict(self.options)}
+
+    @property
+    def scope_digest(self) -> str:
+        """A short, stable digest of :meth:`scope`."""
+        text = json.dumps(self.scope(), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def conditional(self) -> bool:
+        """True when the store checks each delete against what the scan saw."""
+        return True
 
     def remaining(self, cutoff: datetime) -> int:
         """How many expired items are still present (for ``verify``)."""

@@ -41,7 +41,7 @@ from digest_cleanup.errors import (
     TargetsFileError,
     TransientError,
 )
-from digest_cleanup.kinds.base import ItemResult, Outcome, Page, TargetKind
+from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, ItemResult, Outcome, Page, TargetKind
 from digest_cleanup.settings import Settings
 
 #: The environment variable holding the DSN when a target names none.
@@ -232,7 +232,9 @@ class PostgresKind(TargetKind):
             if len(rows) < self.scan_page_size:
                 return
 
-    def delete(self, items: Sequence[str], cutoff: datetime) -> list[ItemResult]:
+    def delete(
+        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[ItemResult]:
         """Delete the still-expired rows among ``items`` in one transaction."""
         if not items:
             return []
@@ -256,7 +258,9 @@ class PostgresKind(TargetKind):
             if item in present:
                 # Still there but not deleted: it was rewritten after the sweep.
                 results.append(
-                    ItemResult(item, Outcome.SKIPPED, "not_expired", "updated since the sweep")
+                    ItemResult(
+                        item, Outcome.SKIPPED, CHANGED_SINCE_LISTING, "updated since the sweep"
+                    )
                 )
             else:
                 # Deleted now, or already gone: deleting is idempotent.

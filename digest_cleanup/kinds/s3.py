@@ -4,11 +4,28 @@ With ``versions = "current"`` (the default) an item is a key, and deleting it in
 versioned bucket only adds a delete marker.  With ``versions = "all"`` an item is
 one version (``key?versionId=ID``) of an expired key, and every version and delete
 marker of that key is deleted, so no statement survives as a noncurrent version.
+
+Deletes are conditional, so S3 itself makes the final check:
+
+* a current-version item carries the ETag its listing saw, and DeleteObjects
+  sends it per object: a key rewritten since (a new ETag) fails with a per-key
+  ``PreconditionFailed``, is kept and reported ``changed_since_listing``;
+* a version item names exactly one immutable version by its id, which needs a
+  bucket with versioning *enabled* (elsewhere the ``null`` version is rewritten in
+  place, so ``versions = "all"`` refuses such a bucket);
+* an item without an ETag (a batch from before conditions existed) is looked up
+  first, and deleted on the ETag found only if it is older than the cutoff.
+
+Every key sent must come back as deleted or as an error.  A key the answer does
+not account for is looked up again, never assumed gone.  A key that XML 1.0
+cannot carry (control characters; a carriage return, which XML parsers turn into
+a line feed) goes alone in a DeleteObject request, whose key travels in the URL.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -28,9 +45,16 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from digest_cleanup.errors import PermanentError, TargetsFileError, TransientError
+from digest_cleanup.errors import ItemError, PermanentError, TargetsFileError, TransientError
 from digest_cleanup.kinds import s3_listing, s3_shards
-from digest_cleanup.kinds.base import ItemResult, Outcome, Page, TargetKind, parse_dataclass
+from digest_cleanup.kinds.base import (
+    CHANGED_SINCE_LISTING,
+    ItemResult,
+    Outcome,
+    Page,
+    TargetKind,
+    parse_dataclass,
+)
 from digest_cleanup.settings import Settings
 
 #: DeleteObjects takes at most this many keys per request.
@@ -45,6 +69,13 @@ CONNECTIONS_PER_CLIENT = 64
 #: Separates key and version id in a ``versions = "all"`` item.  Version ids never
 #: contain it, so ``rpartition`` splits correctly even when a key does.
 VERSION_SEPARATOR = "?versionId="
+#: Characters XML 1.0 cannot carry in a DeleteObjects body, plus the carriage
+#: return, which the server's XML parser would read back as a line feed.
+_NOT_XML_SAFE = re.compile("[^\t\n\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+#: Error codes that mean the object or version is not there (any more).
+GONE_CODES = frozenset({"NoSuchKey", "NoSuchVersion", "404"})
+#: The per-key code of a failed ETag condition.
+PRECONDITION_FAILED = "PreconditionFailed"
 #: Per-key and per-request error codes worth retrying.
 TRANSIENT_CODES = frozenset(
     {
@@ -76,6 +107,9 @@ class S3Options:
     #: ``current``: delete the current version (versioned buckets gain delete markers);
     #: ``all``: delete every version and delete marker of an expired key.
     versions: Literal["current", "all"] = "current"
+    #: Send each key's listed ETag with its delete, so S3 keeps a key rewritten since.
+    #: Turn off only for a server that refuses the condition (``digest-cleanup check``).
+    conditional_deletes: bool = True
 
 
 class S3Kind(TargetKind):
@@ -124,6 +158,25 @@ class S3Kind(TargetKind):
     def describe(self) -> str:
         return f"s3://{self.options.bucket}/{self.options.prefix}"
 
+    @classmethod
+    def namespace(cls, options: S3Options) -> tuple[str, str]:
+        return f"s3://{options.bucket}", options.prefix
+
+    def scope(self) -> dict[str, Any]:
+        # The endpoint decides which store the bucket is in; conditional_deletes
+        # changes how a key is deleted, not which keys are the target's.
+        return {
+            "kind": self.name,
+            "endpoint": self.settings.s3_endpoint_url or "",
+            "bucket": self.options.bucket,
+            "prefix": self.options.prefix,
+            "versions": self.options.versions,
+        }
+
+    @property
+    def conditional(self) -> bool:
+        return bool(self.options.conditional_deletes) or self._all_versions
+
     def out_of_scope(self, item: str) -> str | None:
         key = item.rpartition(VERSION_SEPARATOR)[0] if self._all_versions else item
         if self._all_versions and VERSION_SEPARATOR not in item:
@@ -152,12 +205,19 @@ class S3Kind(TargetKind):
         listing = s3_shards.pages(
             self.client, self.options.bucket, self.options.prefix, start_after, LIST_PAGE_SIZE
         )
+        conditional = self.options.conditional_deletes
         for contents, cursor in listing:
-            expired = [o["Key"] for o in contents if _aware(o["LastModified"]) < cutoff]
-            yield Page(scanned=len(contents), expired=expired, cursor=cursor)
+            old = [o for o in contents if _aware(o["LastModified"]) < cutoff]
+            yield Page(
+                scanned=len(contents),
+                expired=[o["Key"] for o in old],
+                cursor=cursor,
+                conditions=[o.get("ETag", "") for o in old] if conditional else [],
+            )
 
     def _scan_versions(self, cutoff: datetime, start_after: str | None) -> Iterator[Page]:
         """Group versions by key; a key expires when its newest data version is old."""
+        self._require_versioning()
         params: dict[str, Any] = {"Bucket": self.options.bucket, "Prefix": self.options.prefix}
         if start_after:
             params["KeyMarker"] = start_after
@@ -183,37 +243,167 @@ class S3Kind(TargetKind):
         if key is not None:
             yield Page(scanned=0, expired=_expired_versions(key, group, cutoff), cursor=key)
 
-    def delete(self, items: Sequence[str], cutoff: datetime) -> list[ItemResult]:
-        objects = [self._identifier(item) for item in items]
-        by_identity = {
-            (o["Key"], o.get("VersionId")): item for o, item in zip(objects, items, strict=True)
-        }
+    def delete(
+        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[ItemResult]:
+        batch = _Batch(items, conditions if self.options.conditional_deletes else ())
+        self._resolve_missing_conditions(batch, cutoff)
+        self._refuse_null_versions(batch)
+        unsafe = [i for i in batch.open() if _NOT_XML_SAFE.search(self._key(batch.items[i]))]
+        in_body = [i for i in batch.open() if i not in unsafe]
+        if in_body:
+            self._delete_objects(batch, in_body)
+        for index in unsafe:
+            self._delete_one(batch, index)
+        return batch.results()
+
+    def _delete_objects(self, batch: _Batch, indexes: list[int]) -> None:
+        """One DeleteObjects request; every key must come back deleted or as an error."""
+        objects = [self._identifier(batch.items[i], batch.condition(i)) for i in indexes]
+        sent = {(o["Key"], o.get("VersionId")): i for o, i in zip(objects, indexes, strict=True)}
         try:
             with _mapped_errors():
                 response = self.client.delete_objects(
-                    Bucket=self.options.bucket, Delete={"Objects": objects, "Quiet": True}
+                    Bucket=self.options.bucket, Delete={"Objects": objects, "Quiet": False}
                 )
         except (TransientError, PermanentError) as exc:
-            outcome = Outcome.TRANSIENT if isinstance(exc, TransientError) else Outcome.PERMANENT
-            return [ItemResult(i, outcome, exc.code, exc.message, exc.retry_after) for i in items]
-        failed: dict[str, ItemResult] = {}
+            for i in indexes:
+                batch.fail(i, exc)
+            return
+        for done in response.get("Deleted", []):
+            index = sent.get((done.get("Key", ""), done.get("VersionId")))
+            if index is not None and index not in batch.done:
+                batch.set(index, Outcome.DELETED)
         for err in response.get("Errors", []):
-            item = by_identity.get((err.get("Key", ""), err.get("VersionId")))
-            if item is None:
-                item = by_identity.get((err.get("Key", ""), None))
-            if item is None:
-                continue
-            code = err.get("Code", "Unknown")
-            message = err.get("Message", "")
-            if code == "AccessDenied" and self._all_versions and self._is_locked(item):
-                failed[item] = ItemResult(
-                    item, Outcome.PERMANENT, "locked", message or "object lock"
-                )
-            elif code in TRANSIENT_CODES:
-                failed[item] = ItemResult(item, Outcome.TRANSIENT, code, message)
+            index = sent.get((err.get("Key", ""), err.get("VersionId")))
+            if index is not None and index not in batch.done:
+                self._classify(batch, index, err.get("Code", "Unknown"), err.get("Message", ""))
+        for index in indexes:  # not accounted for as sent: ask the store, never assume
+            if index not in batch.done:
+                self._recheck(batch, index, "unconfirmed", "the answer did not name this key")
+
+    def _delete_one(self, batch: _Batch, index: int) -> None:
+        """DeleteObject for a key an XML body cannot carry: the key travels in the URL."""
+        ident = self._identifier(batch.items[index], "")
+        condition = batch.condition(index)
+        if condition:
+            ident["IfMatch"] = condition
+        try:
+            with _mapped_errors():
+                self.client.delete_object(Bucket=self.options.bucket, **ident)
+        except (TransientError, PermanentError) as exc:
+            self._classify(batch, index, exc.code, exc.message, exc)
+            return
+        except UnicodeError as exc:
+            batch.set(index, Outcome.PERMANENT, "unencodable_key", str(exc))
+            return
+        batch.set(index, Outcome.DELETED)
+
+    def _classify(
+        self,
+        batch: _Batch,
+        index: int,
+        code: str,
+        message: str,
+        exc: ItemError | None = None,
+    ) -> None:
+        item = batch.items[index]
+        if code in GONE_CODES:
+            batch.set(index, Outcome.DELETED)
+        elif code == PRECONDITION_FAILED:
+            # Rewritten since the listing -- or already gone, which some servers
+            # answer the same way: only a look tells the two apart.
+            self._recheck(batch, index, PRECONDITION_FAILED, message)
+        elif code == "AccessDenied" and self._all_versions and self._is_locked(item):
+            batch.set(index, Outcome.PERMANENT, "locked", message or "object lock")
+        elif code in TRANSIENT_CODES or isinstance(exc, TransientError):
+            retry_after = exc.retry_after if exc is not None else None
+            batch.set(index, Outcome.TRANSIENT, code, message, retry_after)
+        else:
+            batch.set(index, Outcome.PERMANENT, code, message)
+
+    def _recheck(self, batch: _Batch, index: int, code: str, message: str) -> None:
+        """Settle an unconfirmed delete by looking: gone, changed since listing, or retry."""
+        ident = self._identifier(batch.items[index], "")
+        try:
+            with _mapped_errors():
+                head = self.client.head_object(Bucket=self.options.bucket, **ident)
+        except (TransientError, PermanentError) as exc:
+            if exc.code in GONE_CODES:
+                batch.set(index, Outcome.DELETED)
             else:
-                failed[item] = ItemResult(item, Outcome.PERMANENT, code, message)
-        return [failed.get(i) or ItemResult(i, Outcome.DELETED) for i in items]
+                batch.set(index, Outcome.TRANSIENT, code, f"{message}; lookup: {exc}")
+            return
+        condition = batch.condition(index)
+        if code == PRECONDITION_FAILED or (condition and head.get("ETag") != condition):
+            batch.set(
+                index,
+                Outcome.SKIPPED,
+                CHANGED_SINCE_LISTING,
+                f"rewritten since it was listed (ETag now {head.get('ETag', '?')}); kept",
+            )
+        else:
+            batch.set(index, Outcome.TRANSIENT, code, f"{message}; still present, retried")
+
+    def _resolve_missing_conditions(self, batch: _Batch, cutoff: datetime) -> None:
+        """Look up the ETag of a current-version item that came without one.
+
+        Only a batch from before conditions existed, or a dead letter made then,
+        lacks them.  The item is deleted on the ETag found, and only when the
+        object found is older than the cutoff.
+        """
+        if self._all_versions or not self.options.conditional_deletes:
+            return
+        for index in batch.open():
+            if batch.condition(index):
+                continue
+            try:
+                with _mapped_errors():
+                    head = self.client.head_object(
+                        Bucket=self.options.bucket, Key=batch.items[index]
+                    )
+            except (TransientError, PermanentError) as exc:
+                if exc.code in GONE_CODES:
+                    batch.set(index, Outcome.DELETED)
+                else:
+                    self._classify(batch, index, exc.code, exc.message, exc)
+                continue
+            if _aware(head["LastModified"]) >= cutoff:
+                batch.set(
+                    index,
+                    Outcome.SKIPPED,
+                    CHANGED_SINCE_LISTING,
+                    f"last modified {head['LastModified']}, after the cutoff; kept",
+                )
+            else:
+                batch.conditions[index] = str(head.get("ETag", ""))
+
+    def _refuse_null_versions(self, batch: _Batch) -> None:
+        """Refuse ``null`` versions unless versioning is enabled (there they never change)."""
+        if not self._all_versions:
+            return
+        null = [i for i in batch.open() if batch.items[i].endswith(f"{VERSION_SEPARATOR}null")]
+        if not null:
+            return
+        try:
+            self._require_versioning()
+        except (TransientError, PermanentError) as exc:
+            outcome = Outcome.TRANSIENT if isinstance(exc, TransientError) else Outcome.PERMANENT
+            for index in null:
+                batch.set(index, outcome, exc.code, exc.message)
+
+    def _require_versioning(self) -> None:
+        """Raise unless the bucket's versioning is enabled (``versions = "all"`` needs it)."""
+        with _mapped_errors():
+            status = self.client.get_bucket_versioning(Bucket=self.options.bucket).get("Status")
+        if status != "Enabled":
+            raise PermanentError(
+                "versioning_not_enabled",
+                f"targets.{self.target}.versions = 'all' needs versioning enabled on bucket "
+                f"{self.options.bucket!r} (it is {status or 'never enabled'}): there an "
+                "overwrite replaces the null version in place, so no delete can be bound to "
+                "what was listed; enable versioning, or set versions = 'current'",
+            )
 
     def remaining(self, cutoff: datetime) -> int:
         return sum(len(page.expired) for page in self.scan(cutoff))
@@ -234,11 +424,14 @@ class S3Kind(TargetKind):
         with self._lock:
             self._client = None
 
-    def _identifier(self, item: str) -> dict[str, str]:
+    def _identifier(self, item: str, condition: str = "") -> dict[str, str]:
         if self._all_versions:
             key, _, version = item.rpartition(VERSION_SEPARATOR)
             return {"Key": key, "VersionId": version}
-        return {"Key": item}
+        return {"Key": item, "ETag": condition} if condition else {"Key": item}
+
+    def _key(self, item: str) -> str:
+        return item.rpartition(VERSION_SEPARATOR)[0] if self._all_versions else item
 
     def _is_locked(self, item: str) -> bool:
         """Tell an Object Lock or legal hold apart from a plain AccessDenied."""
@@ -255,6 +448,40 @@ class S3Kind(TargetKind):
             return until is not None and _aware(until) > datetime.now(UTC)
         except ClientError:
             return False
+
+
+class _Batch:
+    """One delete call's items, their conditions, and what became of each so far."""
+
+    def __init__(self, items: Sequence[str], conditions: Sequence[str]) -> None:
+        self.items = list(items)
+        self.conditions = list(conditions) or [""] * len(self.items)
+        if len(self.conditions) != len(self.items):
+            raise ValueError(f"{len(self.conditions)} conditions for {len(self.items)} items")
+        self.done: dict[int, ItemResult] = {}
+
+    def condition(self, index: int) -> str:
+        return self.conditions[index]
+
+    def open(self) -> list[int]:
+        return [i for i in range(len(self.items)) if i not in self.done]
+
+    def set(
+        self,
+        index: int,
+        outcome: Outcome,
+        code: str = "",
+        message: str = "",
+        retry_after: float | None = None,
+    ) -> None:
+        self.done[index] = ItemResult(self.items[index], outcome, code, message, retry_after)
+
+    def fail(self, index: int, exc: ItemError) -> None:
+        outcome = Outcome.TRANSIENT if isinstance(exc, TransientError) else Outcome.PERMANENT
+        self.set(index, outcome, exc.code, exc.message, exc.retry_after)
+
+    def results(self) -> list[ItemResult]:
+        return [self.done[i] for i in range(len(self.items))]
 
 
 def _expired_versions(key: str, group: list[dict[str, Any]], cutoff: datetime) -> list[str]:

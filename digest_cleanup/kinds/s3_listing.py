@@ -15,8 +15,9 @@ The check itself still runs on every page.  Anything unexpected (an error body,
 a truncated page, interleaved ``CommonPrefixes``, a ``Contents`` without a key)
 leaves the page untouched for botocore to handle as usual.
 
-A client with the hook returns ``Key`` and ``LastModified`` for each listed
-object and nothing else: that is all a scan reads.
+A client with the hook returns ``Key``, ``LastModified`` and ``ETag`` for each
+listed object and nothing else: that is all a scan reads (the ETag becomes the
+condition of the object's delete).
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ from typing import Any
 
 #: The event the hook listens to (botocore names S3 ``s3`` in events).
 EVENT = "before-parse.s3.ListObjectsV2"
-#: One pass over a page finds both fields of every object, in either order.
-_FIELDS = re.compile(rb"<Key>([^<]*)</Key>|<LastModified>([^<]*)</LastModified>")
+#: One pass over a page finds the three fields of every object, in any order.
+_FIELDS = re.compile(
+    rb"<Key>([^<]*)</Key>|<LastModified>([^<]*)</LastModified>|<ETag>([^<]*)</ETag>"
+)
+#: How many fields of ``_FIELDS`` each ``<Contents>`` holds.
+_PER_OBJECT = 3
 _OPEN, _CLOSE = b"<Contents>", b"</Contents>"
 
 Handler = Callable[..., None]
@@ -83,19 +88,30 @@ def parse_contents(
     if end <= start or body.find(b"<CommonPrefixes>", start, end) >= 0:
         return None
     found = _FIELDS.findall(body, start, end)
-    if len(found) != 2 * body.count(_OPEN, start, end):
+    if len(found) != _PER_OBJECT * body.count(_OPEN, start, end):
         return None
     contents = []
-    for (key_a, time_a), (key_b, time_b) in zip(found[::2], found[1::2], strict=True):
-        key, stamp = (key_a, time_b) if key_a else (key_b, time_a)
-        if not key or not stamp:
+    for fields in zip(*(found[i::_PER_OBJECT] for i in range(_PER_OBJECT)), strict=True):
+        # Each match fills one of the three groups; join them per object, any order.
+        key, stamp, etag = (b"".join(group) for group in zip(*fields, strict=True))
+        if not key or not stamp or not etag:
             return None
-        text = key.decode("utf-8")
-        if "&" in text:  # XML escapes; a key never holds a literal '<'
-            text = html.unescape(text)
-        contents.append({"Key": text, "LastModified": timestamp_parser(stamp.decode("ascii"))})
+        contents.append(
+            {
+                "Key": _text(key),
+                "LastModified": timestamp_parser(stamp.decode("ascii")),
+                "ETag": _text(etag),
+            }
+        )
     response_dict["body"] = body[:start] + body[end:]
     return contents
+
+
+def _text(raw: bytes) -> str:
+    text = raw.decode("utf-8")
+    if "&" in text:  # XML escapes (ETags are quoted: &quot;); a value never holds a literal '<'
+        text = html.unescape(text)
+    return text
 
 
 def _skip_listing(check: Handler) -> Handler:

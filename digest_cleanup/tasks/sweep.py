@@ -10,6 +10,7 @@ import redis
 from celery import shared_task
 from celery.exceptions import Reject
 
+from digest_cleanup.errors import CutoffError
 from digest_cleanup.sweep import on_slice_error, start, sweep_slice
 from digest_cleanup.targets import CATCH_UP_WINDOW, utcnow
 from digest_cleanup.tasks.base import CleanupTask
@@ -73,6 +74,11 @@ def trigger(
             self.enqueue_sweep,
             trigger="beat-catch-up" if catch_up else "beat",
         )
+    except CutoffError as exc:
+        # A trigger whose ``now`` lies ahead of this worker's clock (sent by hand,
+        # say through Flower's API) would delete inside the retention window.
+        runtime.redis.eval(_RELEASE_LUA, 1, claim, token)
+        return {"target": target, "slot": slot.isoformat(), "action": "refused", "reason": str(exc)}
     except Exception:
         # A claimed slot without a run would be skipped: free it for the next trigger.
         # The run id is keyed on the slot, so a later start cannot double the run.

@@ -61,6 +61,8 @@ _HOP_BY_HOP = frozenset(
         "expect",
     }
 )
+#: The headers of a conditional DeleteObject, dropped under ``strip_conditions``.
+_CONDITION_HEADERS = frozenset({"if-match", "if-none-match"})
 #: Statuses (besides 1xx) whose responses never carry a body.
 _NO_BODY_STATUSES = frozenset({http.client.NO_CONTENT, http.client.NOT_MODIFIED})
 _S3_XMLNS = "http://s3.amazonaws.com/doc/2006-03-01/"
@@ -100,12 +102,16 @@ class _DeleteRequest:
     denied: list[tuple[str, str | None]]
 
 
-def _split_delete_body(body: bytes, deny: frozenset[str]) -> _DeleteRequest | None:
+def _split_delete_body(
+    body: bytes, deny: frozenset[str], *, strip_conditions: bool = False
+) -> _DeleteRequest | None:
     """Parse a DeleteObjects body and drop the ``<Object>`` entries whose key is denied.
 
-    Returns None when the body is not the XML S3 expects, so that the caller forwards
-    it untouched and lets the server answer MalformedXML.  The body is rewritten only
-    when a key was dropped; otherwise its bytes are kept as they came.
+    With ``strip_conditions`` every ``<ETag>`` condition is dropped too, as by a
+    server that ignores conditions without saying so.  Returns None when the body
+    is not the XML S3 expects, so that the caller forwards it untouched and lets the
+    server answer MalformedXML.  The body is rewritten only when something was
+    dropped; otherwise its bytes are kept as they came.
     """
     try:
         # The bodies come from the test's own clients on loopback, not from strangers.
@@ -116,14 +122,18 @@ def _split_delete_body(body: bytes, deny: frozenset[str]) -> _DeleteRequest | No
     qualify = f"{{{namespace}}}" if namespace else ""
     forwarded: list[str] = []
     denied: list[tuple[str, str | None]] = []
+    stripped = 0
     for entry in root.findall(f"{qualify}Object"):
         key = entry.findtext(f"{qualify}Key") or ""
         if key in deny:
             denied.append((key, entry.findtext(f"{qualify}VersionId")))
             root.remove(entry)
-        else:
-            forwarded.append(key)
-    if denied:
+            continue
+        forwarded.append(key)
+        for condition in entry.findall(f"{qualify}ETag") if strip_conditions else ():
+            entry.remove(condition)
+            stripped += 1
+    if denied or stripped:
         body = ElementTree.tostring(
             root, encoding="utf-8", xml_declaration=True, default_namespace=namespace or None
         )
@@ -297,7 +307,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 [("Retry-After", str(proxy.retry_after))],
             )
             return
-        parsed = None if body is None else _split_delete_body(body, proxy.deny_keys)
+        parsed = (
+            None
+            if body is None
+            else _split_delete_body(body, proxy.deny_keys, strip_conditions=proxy.strip_conditions)
+        )
         if parsed is None:
             self._relay(body)
             return
@@ -316,7 +330,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             return
         proxy._count_delete(parsed.forwarded_keys)
         headers = self._forward_headers(parsed.body)
-        if parsed.denied:
+        if parsed.body is not body:
             headers = _fix_integrity_headers(headers, parsed.body)
         response = self._exchange(headers, parsed.body)
         if response is None:
@@ -385,10 +399,13 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         Content-Length is set from the body actually sent, since a chunked request
         body is forwarded decoded and a DeleteObjects body may be rewritten.
         """
+        dropped = _CONDITION_HEADERS if self.server.proxy.strip_conditions else frozenset()
         headers = [
             (name, value)
             for name, value in self.headers.items()
-            if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length"
+            if name.lower() not in _HOP_BY_HOP
+            and name.lower() != "content-length"
+            and not (self.command == "DELETE" and name.lower() in dropped)
         ]
         if body is not None:
             headers.append(("Content-Length", str(len(body))))
@@ -464,6 +481,9 @@ class FaultProxy:
     * ``delay`` - seconds to wait before handling each request (a slow S3).
     * ``deny_keys`` - keys that DeleteObjects must not delete: they come back as
       per-key ``AccessDenied`` errors, while the other keys are deleted upstream.
+    * ``strip_conditions`` - delete conditions (DeleteObjects' per-object ``<ETag>``,
+      DeleteObject's ``If-Match``) are dropped before forwarding, as by a server
+      that ignores them without saying so.
 
     Counters: ``requests_total``, ``delete_requests`` (DeleteObjects forwarded
     upstream), ``deleted_key_counts`` (how often each key was in a forwarded
@@ -499,6 +519,8 @@ class FaultProxy:
         self._delay = 0.0
         self._down_until = 0.0
         self._deny_keys: frozenset[str] = frozenset()
+        #: Drop delete conditions before forwarding (see the class docstring).
+        self.strip_conditions = False
         self._requests_total = 0
         self._delete_requests = 0
         self._deleted_key_counts: collections.Counter[str] = collections.Counter()
@@ -617,6 +639,7 @@ class FaultProxy:
         self.delay = 0.0
         self.down = False
         self.deny_keys = frozenset()
+        self.strip_conditions = False
 
     # -- counters
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
-from digest_cleanup.kinds import ItemResult, Outcome, Page, TargetKind
+from digest_cleanup.kinds import CHANGED_SINCE_LISTING, ItemResult, Outcome, Page, TargetKind
 
 _LOCK = threading.Lock()
 #: store name -> item -> last-modified time.
@@ -55,7 +55,9 @@ class MemoryKind(TargetKind):
                 scanned=len(page), expired=[k for k, t in page if t < cutoff], cursor=page[-1][0]
             )
 
-    def delete(self, items: Sequence[str], cutoff: datetime) -> list[ItemResult]:
+    def delete(
+        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[ItemResult]:
         results = []
         with _LOCK:
             store = STORES.setdefault(self.options.store, {})
@@ -70,7 +72,7 @@ class MemoryKind(TargetKind):
                     continue
                 stamp = store.get(item)
                 if stamp is not None and stamp >= cutoff:
-                    results.append(ItemResult(item, Outcome.SKIPPED, "not_expired"))
+                    results.append(ItemResult(item, Outcome.SKIPPED, CHANGED_SINCE_LISTING))
                     continue
                 store.pop(item, None)
                 results.append(ItemResult(item, Outcome.DELETED))

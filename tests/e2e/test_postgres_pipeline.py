@@ -105,7 +105,7 @@ def postgres_target(name: str, table: str, dsn_env: str, **extra: Any) -> str:
         'primary_key = "id"',
         'timestamp_column = "updated_at"',
         f'dsn_env = "{dsn_env}"',
-        "retention_days = 30",
+        "retention_days = 0",
         'schedule = "0 3 * * 0"',
         *(f"{key} = {value}" for key, value in extra.items()),
     ]

@@ -42,7 +42,7 @@ from digest_cleanup.errors import (
     TargetsFileError,
     TransientError,
 )
-from digest_cleanup.kinds import ItemResult, Outcome, Page, TargetKind
+from digest_cleanup.kinds import CHANGED_SINCE_LISTING, ItemResult, Outcome, Page, TargetKind
 from digest_cleanup.settings import Settings
 
 #: How many keys one SCAN call asks for.  Redis takes it as a hint.
@@ -149,7 +149,9 @@ class RedisKeysKind(TargetKind):
             ]
             yield Page(scanned=len(page), expired=expired, cursor=page[-1])
 
-    def delete(self, items: Sequence[str], cutoff: datetime) -> list[ItemResult]:
+    def delete(
+        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[ItemResult]:
         """Unlink the keys still idle since the cutoff, in one atomic script call."""
         try:
             with _mapped_errors():
@@ -162,7 +164,7 @@ class RedisKeysKind(TargetKind):
         for item, code in zip(items, codes, strict=True):
             if code == b"touched":
                 results.append(
-                    ItemResult(item, Outcome.SKIPPED, "not_expired", "used since the sweep")
+                    ItemResult(item, Outcome.SKIPPED, CHANGED_SINCE_LISTING, "used since the sweep")
                 )
             else:
                 # Unlinked now, or already gone: deleting is idempotent.

@@ -31,7 +31,7 @@ TARGETS = f"""
 kind = "tests.guide.redis_keys_kind:RedisKeysKind"
 pattern = "session:*"
 url_env = "{URL_ENV}"
-retention_days = 30
+retention_days = 0
 schedule = "0 4 * * *"
 batch_size = 100
 """

@@ -153,7 +153,7 @@ def test_row_updated_after_the_scan_is_skipped_and_kept(
     results = kind.delete(batch, cutoff)
     # Then that row is skipped as no longer expired and still exists
     skipped = [r for r in results if r.outcome is Outcome.SKIPPED]
-    assert [(r.item, r.code) for r in skipped] == [(batch[3], "not_expired")]
+    assert [(r.item, r.code) for r in skipped] == [(batch[3], "changed_since_listing")]
     assert all(r.outcome is Outcome.DELETED for r in results if r.item != batch[3])
     assert count(admin, table, f"id = {int(batch[3])}") == 1
 
@@ -396,7 +396,7 @@ def test_errors_map_to_transient_or_permanent(
 TARGETS = """
 [targets.snapshots]
 kind = "postgres"
-retention_days = 30
+retention_days = 0
 schedule = "0 3 * * 0"
 table = "public.customer_snapshots"
 primary_key = "id"

@@ -19,8 +19,9 @@ from digest_cleanup.kinds.s3 import S3Kind, S3Options
 from digest_cleanup.runtime import Runtime
 from digest_cleanup.settings import Settings
 from digest_cleanup.sweep import start, sweep_slice
-from digest_cleanup.targets import parse_targets
+from digest_cleanup.targets import parse_targets, utcnow
 from digest_cleanup.testing.seed import create_bucket, seed_keys
+from digest_cleanup.testing.stack import wait_for
 
 #: Four weekly folders (one nested deeper) and keys directly under the prefix.
 KEYS = sorted(
@@ -37,6 +38,9 @@ def sharded_bucket(weed):
     name = f"shards-{uuid.uuid4().hex[:8]}"
     create_bucket(weed.endpoint_url, name)
     seed_keys(weed.endpoint_url, name, KEYS + OUTSIDE)
+    # A run's cutoff may not lie ahead of the clock: wait for one that is after every key.
+    seeded = datetime.now(UTC) + timedelta(seconds=1)
+    wait_for(lambda: datetime.now(UTC) > seeded, 5, "the clock to pass the seeding")
     return name
 
 
@@ -191,7 +195,7 @@ def test_a_sweep_sliced_page_by_page_publishes_every_key_once(weed, sharded_buck
     # Given a run over the sharded prefix, swept one page per slice (a checkpoint each)
     targets = parse_targets(
         f'[targets.statements]\nbucket = "{sharded_bucket}"\nprefix = "statements/"\n'
-        'retention_days = 1\nschedule = "0 3 * * 0"\nbatch_size = 700\n'
+        'retention_days = 0\nschedule = "0 3 * * 0"\nbatch_size = 700\n'
     )
     settings = Settings(
         broker_url=redis_url,
@@ -200,7 +204,7 @@ def test_a_sweep_sliced_page_by_page_publishes_every_key_once(weed, sharded_buck
         aws_secret_access_key="s",
     )
     runtime = Runtime(settings, targets)
-    cutoff = FUTURE.replace(microsecond=0)
+    cutoff = utcnow()
     run_id = start(runtime, runtime.target("statements"), cutoff, lambda _: None).run_id
     sent: list[BatchPayload] = []
 

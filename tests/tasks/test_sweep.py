@@ -25,7 +25,7 @@ kind = "digest_cleanup.testing.memory:MemoryKind"
 store = "sweep"
 prefix = "snap/"
 page_size = 100
-retention_days = 30
+retention_days = 0
 schedule = "0 3 * * 0"
 batch_size = 50
 """

@@ -34,7 +34,7 @@ TARGETS = """
 kind = "digest_cleanup.testing.memory:MemoryKind"
 store = "tasks"
 prefix = "snap/"
-retention_days = 30
+retention_days = 0
 schedule = "0 3 * * 0"
 batch_size = 50
 max_delete = 1000
@@ -173,9 +173,9 @@ def test_item_rewritten_after_the_sweep_is_skipped_not_deleted(runtime, celery_s
     memory.seed("tasks", {f"snap/{i:04d}": OLD for i in range(10)})
     original = memory.MemoryKind.delete
 
-    def rewrite_then_delete(self: Any, items: Any, cutoff: datetime) -> Any:
+    def rewrite_then_delete(self: Any, items: Any, cutoff: datetime, conditions: Any = ()) -> Any:
         memory.seed("tasks", {"snap/0003": NEW})
-        return original(self, items, cutoff)
+        return original(self, items, cutoff, conditions)
 
     memory.MemoryKind.delete = rewrite_then_delete  # type: ignore[method-assign]
     try:

@@ -18,11 +18,16 @@ ENDPOINT = "http://127.0.0.1:9"  # never reached: every response is served by a 
 
 
 def page(*objects: tuple[str, str], truncated: bool = False, tail: str = "") -> bytes:
-    """A ListObjectsV2 page as S3 writes it (URL-encoded keys, AWS element order)."""
+    """A ListObjectsV2 page as S3 writes it (URL-encoded keys, AWS element order).
+
+    ETags alternate between AWS's escaped quotes and plain ones, as servers differ.
+    """
+    quotes = ("&quot;", '"')
     contents = "".join(
         f"<Contents><Key>{key}</Key><LastModified>{stamp}</LastModified>"
-        '<ETag>"abc"</ETag><Size>40</Size><StorageClass>STANDARD</StorageClass></Contents>'
-        for key, stamp in objects
+        f"<ETag>{quotes[n % 2]}e{n}{quotes[n % 2]}</ETag>"
+        "<Size>40</Size><StorageClass>STANDARD</StorageClass></Contents>"
+        for n, (key, stamp) in enumerate(objects)
     )
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
@@ -77,12 +82,12 @@ def stock() -> Any:
     )
 
 
-def listed(client: Any) -> list[tuple[str, datetime]]:
+def listed(client: Any) -> list[tuple[str, datetime, str]]:
     response = client.list_objects_v2(Bucket="b", Prefix="statements/")
-    return [(o["Key"], o["LastModified"]) for o in response.get("Contents", [])]
+    return [(o["Key"], o["LastModified"], o["ETag"]) for o in response.get("Contents", [])]
 
 
-def test_keys_and_timestamps_match_botocores_own_parser(lean, stock):
+def test_keys_timestamps_and_etags_match_botocores_own_parser(lean, stock):
     # Given a page with plain, URL-encoded and XML-escaped keys
     for client in (lean, stock):
         serve(client, page(*OBJECTS))
@@ -92,8 +97,13 @@ def test_keys_and_timestamps_match_botocores_own_parser(lean, stock):
 
     # Then they agree on every key and timestamp, decoded the same way
     assert fast == slow
-    assert fast[1] == ("statements/a&b<c>.pdf", datetime(2026, 10, 19, 4, 5, 6, tzinfo=UTC))
+    assert fast[1] == (
+        "statements/a&b<c>.pdf",
+        datetime(2026, 10, 19, 4, 5, 6, tzinfo=UTC),
+        '"e1"',
+    )
     assert fast[3][0] == "statements/amp&escaped.pdf"
+    assert [etag for _, _, etag in fast] == ['"e0"', '"e1"', '"e2"', '"e3"']
 
 
 def test_the_top_level_fields_are_still_botocores(lean):
@@ -109,7 +119,7 @@ def test_the_top_level_fields_are_still_botocores(lean):
     assert response["IsTruncated"] is True
     assert response["NextContinuationToken"] == "t1"
     assert response["KeyCount"] == 1
-    assert set(response["Contents"][0]) == {"Key", "LastModified"}
+    assert set(response["Contents"][0]) == {"Key", "LastModified", "ETag"}
 
 
 def test_an_empty_page_has_no_contents(lean):
