@@ -116,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target")
     p.add_argument("--cutoff", help="ISO 8601; default now minus retention_days")
 
+    from digest_cleanup import cli_check
+
+    p = add("check", cli_check.run, "probe a target's store and Redis before a first run")
+    cli_check.register(p)
+
     from digest_cleanup import cli_metrics
 
     p = add("metrics", cli_metrics.cmd_metrics, "serve Prometheus metrics read from the run store")

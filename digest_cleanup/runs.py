@@ -221,7 +221,7 @@ class RunView:
         for key, value in sorted(self.fields.items()):
             if key in COUNTERS or key in INT_FIELDS:
                 out[key] = int(value or 0)
-            elif key in ("dry_run", "sweep_done", "forced"):
+            elif key in ("dry_run", "sweep_done", "forced", "conditional_deletes"):
                 out[key] = value == "1"
             elif key == "sample":
                 out[key] = json.loads(value)

@@ -130,6 +130,14 @@ def s3_targets(
     return "\n".join(lines) + "\n"
 
 
+def scope_of(stack: Stack, target: str) -> str:
+    """The scope digest a batch of ``target`` must carry for the stack's workers."""
+    from digest_cleanup.runtime import Runtime
+    from digest_cleanup.settings import Settings
+
+    return Runtime(Settings.from_env(stack.env)).kind(target).scope_digest
+
+
 def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -11,10 +11,18 @@ import importlib
 from importlib.metadata import entry_points
 
 from digest_cleanup.errors import TargetsFileError
-from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, ItemResult, Outcome, Page, TargetKind
+from digest_cleanup.kinds.base import (
+    CHANGED_SINCE_LISTING,
+    Finding,
+    ItemResult,
+    Outcome,
+    Page,
+    TargetKind,
+)
 
 __all__ = [
     "CHANGED_SINCE_LISTING",
+    "Finding",
     "ItemResult",
     "Outcome",
     "Page",

@@ -25,7 +25,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, ClassVar, get_type_hints
+from typing import Any, ClassVar, Literal, get_type_hints
 
 from digest_cleanup.errors import TargetsFileError
 from digest_cleanup.settings import Settings
@@ -78,6 +78,17 @@ class ItemResult:
     message: str = ""
     #: Seconds the store asked us to wait (``Retry-After``), if it said.
     retry_after: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing ``digest-cleanup check`` found out about a target's store."""
+
+    #: What was checked, such as ``conditional deletes``.
+    check: str
+    #: ``ok``; ``warning`` (works, but read this); ``problem`` (a run would fail or be unsafe).
+    status: Literal["ok", "warning", "problem"]
+    detail: str
 
 
 class TargetKind(ABC):
@@ -172,6 +183,14 @@ class TargetKind(ABC):
     def verify_extra(self, cutoff: datetime) -> dict[str, int]:
         """Extra counts ``verify`` reports, such as noncurrent versions; none by default."""
         return {}
+
+    def check(self) -> list[Finding]:
+        """Probe the store before a first run: access, permissions, and what deletes rely on.
+
+        It may write and remove a probe item of its own, never a target's item.
+        The default checks nothing.
+        """
+        return []
 
     def prepare(self) -> None:  # noqa: B027 - optional hook, most kinds build nothing ahead
         """Build clients ahead of the first task; called once when a worker process starts.

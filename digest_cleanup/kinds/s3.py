@@ -49,6 +49,7 @@ from digest_cleanup.errors import ItemError, PermanentError, TargetsFileError, T
 from digest_cleanup.kinds import s3_listing, s3_shards
 from digest_cleanup.kinds.base import (
     CHANGED_SINCE_LISTING,
+    Finding,
     ItemResult,
     Outcome,
     Page,
@@ -157,6 +158,11 @@ class S3Kind(TargetKind):
 
     def describe(self) -> str:
         return f"s3://{self.options.bucket}/{self.options.prefix}"
+
+    def check(self) -> list[Finding]:
+        from digest_cleanup.kinds import s3_check
+
+        return s3_check.run_checks(self, _mapped_errors)
 
     @classmethod
     def namespace(cls, options: S3Options) -> tuple[str, str]:

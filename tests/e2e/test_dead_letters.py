@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -13,7 +14,7 @@ from digest_cleanup.batches import BatchPayload
 from digest_cleanup.runtime import Runtime
 from digest_cleanup.settings import Settings
 from digest_cleanup.testing.stack import Stack, wait_for
-from tests.conftest import list_keys, s3_targets, seed_split
+from tests.conftest import list_keys, s3_targets, scope_of, seed_split
 
 pytestmark = pytest.mark.e2e
 
@@ -139,28 +140,36 @@ def test_poison_messages_are_dead_lettered_with_a_reason_and_the_worker_keeps_go
         seq=1,
         cutoff=cutoff.isoformat(),
         items=KEYS[:3],
+        scope=scope_of(stack, "statements"),
     )
 
-    # When poison is put straight onto the work queue
+    def forged(name: str, **changes: Any) -> dict[str, Any]:
+        return dataclasses.replace(good, batch_id=f"forged-{name}", **changes).to_message()
+
+    # When poison and refused batches are put straight onto the work queue
     _send(stack, {"hello": "world"}, "poison-malformed")
-    _send(stack, good.to_message() | {"target": "nope"}, "poison-target")
-    outside = BatchPayload(**{**good.__dict__, "items": [KEYS[0], "receipts/keep-me.json"]})
-    _send(stack, outside.to_message(), "poison-scope")
-    big = BatchPayload(**{**good.__dict__, "items": [f"statements/x{i}" for i in range(1001)]})
-    _send(stack, big.to_message(), "poison-big")
-    _send(stack, good.to_message(), "poison-norun")
+    _send(stack, forged("target") | {"target": "nope"}, "refused-target")
+    _send(stack, forged("scope", items=[KEYS[0], "receipts/keep-me.json"]), "refused-scope")
+    big = forged("big", items=[f"statements/x{i}" for i in range(1001)])
+    _send(stack, big, "poison-big")
+    _send(stack, forged("norun"), "refused-norun")
 
     # Then each is dead-lettered with its reason, and nothing was deleted
     expected = {
         "dl-poison-poison-malformed": "malformed",
-        "dl-poison-poison-target": "unknown_target",
-        "dl-poison-poison-scope": "out_of_scope",
+        "dl-forged-target-g0a0": "unknown_target",
+        "dl-forged-scope-g0a0": "out_of_scope",
         "dl-poison-poison-big": "too_many_keys",
-        "dl-poison-poison-norun": "unknown_run",
+        "dl-forged-norun-g0a0": "unknown_run",
     }
-    entries = wait_for(lambda: len(e := _entries(stack)) == 5 and e, 60, "five poison entries")
+    entries = wait_for(lambda: len(e := _entries(stack)) == 5 and e, 60, "five dead letters")
     assert {e["id"]: e["reason"] for e in entries} == expected
-    assert all(not e["redrivable"] for e in entries)
+    # A message that never decoded cannot be redriven; a refused batch keeps every key
+    # and can be, once its cause is fixed.
+    redrivable = {e["id"] for e in entries if e["redrivable"]}
+    assert redrivable == {"dl-forged-target-g0a0", "dl-forged-scope-g0a0", "dl-forged-norun-g0a0"}
+    scope_entry = next(e for e in entries if e["reason"] == "out_of_scope")
+    assert [k["key"] for k in scope_entry["keys"]] == [KEYS[0], "receipts/keep-me.json"]
     assert proxy.delete_requests == 0
     assert "receipts/keep-me.json" in list_keys(s3, bucket)
     assert KEYS[0] in list_keys(s3, bucket)

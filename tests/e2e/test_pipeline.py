@@ -128,6 +128,7 @@ def test_duplicate_batch_delivery_is_counted_once(make_stack, s3, bucket, redis_
         cutoff=run["cutoff"],
         items=keys[:500],
         run_token=run["token"],
+        scope=run["scope"],
     )
     _send(stack, payload)
     client = redis.Redis.from_url(redis_url)
@@ -201,6 +202,7 @@ def test_a_batch_from_an_earlier_incarnation_of_the_run_is_refused(make_stack, s
         cutoff=run["cutoff"],
         items=keys[:10],
         run_token="an-earlier-incarnation",
+        scope=run["scope"],
     )
 
     # When that batch is delivered

@@ -1,0 +1,73 @@
+"""``digest-cleanup check TARGET``: what a first run relies on, proved before it runs.
+
+It asks the target's kind to probe its store (for S3: credentials, the bucket,
+versioning, listing, and whether the endpoint really honours conditional
+deletes), and checks that Redis cannot evict the run state.  Exit 0 when
+nothing is a problem, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+import redis
+
+from digest_cleanup.broker import safe_url
+from digest_cleanup.kinds import Finding
+
+if TYPE_CHECKING:
+    from digest_cleanup.cli import Context
+
+#: The only ``maxmemory-policy`` under which Redis never drops a queued batch or run state.
+SAFE_EVICTION_POLICY = "noeviction"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """The options of ``digest-cleanup check``."""
+    parser.add_argument("target")
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    target = ctx.runtime.target(args.target)
+    kind = target.make_kind(ctx.settings)
+    try:
+        findings = [*kind.check(), redis_eviction(ctx.runtime.redis, ctx.settings.broker_url)]
+    finally:
+        kind.close()
+    problems = sum(f.status == "problem" for f in findings)
+    if args.json:
+        rows = [{"check": f.check, "status": f.status, "detail": f.detail} for f in findings]
+        print(json.dumps({"target": target.name, "findings": rows, "problems": problems}))
+    else:
+        print(f"{target.name} ({kind.describe()}):")
+        width = max(len(f.check) for f in findings)
+        for f in findings:
+            print(f"  {f.check:<{width}}  {f.status:<7}  {f.detail}")
+        print("no problems found" if not problems else f"{problems} problem(s) found")
+    return 0 if not problems else 1
+
+
+def redis_eviction(client: redis.Redis, url: str) -> Finding:
+    """Whether Redis may evict keys (queued batches, run state) under memory pressure."""
+    name = "redis eviction policy"
+    try:
+        raw = client.config_get("maxmemory-policy")
+    except redis.ResponseError as exc:  # CONFIG is often disabled on managed Redis
+        return Finding(
+            name,
+            "warning",
+            f"could not read maxmemory-policy ({exc}); make sure it is {SAFE_EVICTION_POLICY}",
+        )
+    except redis.RedisError as exc:
+        return Finding(name, "problem", f"cannot reach Redis at {safe_url(url)}: {exc}")
+    policy = str(raw.get("maxmemory-policy", "?"))
+    if policy == SAFE_EVICTION_POLICY:
+        return Finding(name, "ok", f"maxmemory-policy is {policy}")
+    return Finding(
+        name,
+        "problem",
+        f"maxmemory-policy is {policy}: Redis may drop queued batches and run state under "
+        f"memory pressure; set maxmemory-policy {SAFE_EVICTION_POLICY}",
+    )
