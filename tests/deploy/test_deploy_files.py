@@ -73,8 +73,11 @@ ALLOWED_ACTIONS = frozenset(
         "s3:GetObjectLegalHold",
         "s3:GetObjectRetention",
         "s3:PutObject",
+        "s3:GetObject",
     }
 )
+#: Where ``digest-cleanup check`` writes its probe (``digest_cleanup.kinds.s3_check``).
+PROBE_ARN = "arn:aws:s3:::digest-artifacts/.digest-cleanup-check/*"
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
@@ -696,8 +699,16 @@ def test_iam_policy_restricts_every_resource_to_the_targets(
     object_arns = {f"arn:aws:s3:::{t.options.bucket}/{t.options.prefix}*" for t in targets}
     list_prefixes = {f"{t.options.prefix}*" for t in targets}
 
+    from digest_cleanup.kinds.s3_check import PROBE_PREFIX
+
+    assert PROBE_ARN.endswith(f"/{PROBE_PREFIX}*")
     for action, resource, condition in _granted(policy_statements):
-        if action == "s3:PutObject":
+        if resource == PROBE_ARN:
+            assert action in ("s3:PutObject", "s3:GetObject", "s3:DeleteObject",
+                              "s3:DeleteObjectVersion")  # fmt: skip
+        elif condition.get("StringLike", {}).get("s3:prefix") == [f"{PROBE_PREFIX}*"]:
+            assert action == "s3:ListBucketVersions"
+        elif action == "s3:PutObject":
             assert resource == "arn:aws:s3:::digest-audit/reports/*"
         elif action in ("s3:ListBucket", "s3:ListBucketVersions"):
             assert resource in {f"arn:aws:s3:::{b}" for b in buckets}
@@ -707,7 +718,9 @@ def test_iam_policy_restricts_every_resource_to_the_targets(
         else:
             assert resource in object_arns, f"{action} on {resource}"
     deletable = {r for a, r, _ in _granted(policy_statements) if a == "s3:DeleteObject"}
-    assert deletable == object_arns, "every target prefix, and nothing else, is deletable"
+    assert deletable == object_arns | {PROBE_ARN}, "every target prefix and the probe, no more"
+    readable = {r for a, r, _ in _granted(policy_statements) if a == "s3:GetObject"}
+    assert readable == object_arns | {PROBE_ARN}, "ETag conditions need s3:GetObject"
 
 
 def test_iam_policy_covers_the_audit_url_the_stack_uses(
@@ -719,7 +732,7 @@ def test_iam_policy_covers_the_audit_url_the_stack_uses(
     bucket, prefix = match.groups()
 
     writable = {r for a, r, _ in _granted(policy_statements) if a == "s3:PutObject"}
-    assert writable == {f"arn:aws:s3:::{bucket}/{prefix}*"}
+    assert writable == {f"arn:aws:s3:::{bucket}/{prefix}*", PROBE_ARN}
 
 
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
