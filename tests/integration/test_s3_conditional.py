@@ -133,6 +133,7 @@ def test_a_version_is_deleted_by_its_id_and_confirmed(weed, s3):
 
     results = kind.delete(items, LATER, conditions)
 
-    assert len(items) == 2 and conditions == []
+    assert len(items) == 2
+    assert conditions == []
     assert {r.outcome for r in results} == {Outcome.DELETED}
     assert s3.list_object_versions(Bucket=bucket).get("Versions", []) == []
