@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -97,19 +97,27 @@ class Layout:
     workers: tuple[WorkerSpec, ...]
     #: The target's ``batch_size``; None keeps the targets file's default.
     batch_size: int | None = None
+    #: False sends deletes without their listed ETags (``conditional_deletes = false``),
+    #: to measure what the condition costs.
+    conditional: bool = True
 
     @classmethod
     def parse(cls, spec: str) -> Layout:
         """``default`` or ``[N*]QUEUES:POOL:CONCURRENCY`` joined with ``+``, then ``@BATCH``.
 
         QUEUES is ``all``, ``sweeps`` or ``batches``; POOL and CONCURRENCY may be
-        ``default``.  ``2*all:prefork:4`` is two workers of four processes each, and
-        a trailing ``@1000`` sets the target's batch size.
+        ``default``.  ``2*all:prefork:4`` is two workers of four processes each, a
+        trailing ``@1000`` sets the target's batch size, and a final ``!unconditional``
+        turns the target's conditional deletes off.
         """
-        workers_spec, _, batch = spec.partition("@")
+        layout_spec, _, flag = spec.partition("!")
+        if flag not in ("", "unconditional"):
+            raise ValueError(f"{spec!r}: the only flag is !unconditional")
+        workers_spec, _, batch = layout_spec.partition("@")
         batch_size = int(batch) if batch else None
+        conditional = flag != "unconditional"
         if workers_spec == "default":
-            return cls(spec, (WorkerSpec(),), batch_size)
+            return cls(spec, (WorkerSpec(),), batch_size, conditional)
         workers: list[WorkerSpec] = []
         for part in workers_spec.split("+"):
             count, _, rest = part.rpartition("*")
@@ -125,10 +133,12 @@ class Layout:
                 concurrency=None if size == "default" else int(size),
             )
             workers.extend([worker] * int(count or 1))
-        return cls(spec, tuple(workers), batch_size)
+        return cls(spec, tuple(workers), batch_size, conditional)
 
     def label(self) -> str:
         batch = f", batch_size {self.batch_size}" if self.batch_size else ""
+        if not self.conditional:
+            batch += ", unconditional deletes"
         if self.spec.partition("@")[0] == "default":
             return f"1 worker, Celery defaults (prefork, 1 process per core){batch}"
         counted: dict[str, int] = {}
@@ -186,7 +196,7 @@ def targets_toml(bucket: str, **extra: Any) -> str:
         f"[targets.{TARGET}]",
         f'bucket = "{bucket}"',
         f'prefix = "{PREFIX}"',
-        "retention_days = 7",
+        "retention_days = 0",
         'schedule = "0 3 * * 0"',
     ]
     lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
@@ -215,6 +225,8 @@ class Runner:
         workdir = self.workdir / f"run{self._count}"
         if layout.batch_size:
             target.setdefault("batch_size", layout.batch_size)
+        if not layout.conditional:
+            target.setdefault("conditional_deletes", False)
         with Stack(
             workdir,
             redis_url=self.redis_url,
@@ -235,8 +247,9 @@ class Runner:
             app = create_app(settings, runtime.targets)
             pids = {"weed": self.server_pids["weed"], "redis": self.server_pids["redis"]}
             cpu_before = _cpu(pids, workers)
-            # Every key was written before now, so every key has expired.
-            cutoff = (datetime.now(UTC) + timedelta(seconds=1)).replace(microsecond=0)
+            # Every key was seeded before the workers started, seconds ago, so every key
+            # has expired; a cutoff ahead of the clock would be refused.
+            cutoff = datetime.now(UTC).replace(microsecond=0)
             started = time.perf_counter()
             triggered_at = time.time()
             run_id = start(

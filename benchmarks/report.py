@@ -91,7 +91,17 @@ class Results:
 
     @property
     def best(self) -> list[Paired]:
-        return min(self.pipelines, key=self.layout_ratio)
+        """The fastest layout that deletes as shipped: conditionally."""
+        shipped = [runs for runs in self.pipelines if runs[0].run.layout.conditional]
+        return min(shipped, key=self.layout_ratio)
+
+    @property
+    def unconditional(self) -> list[Paired] | None:
+        """The best layout's twin with conditional deletes off, when one was measured."""
+        spec = self.best[0].run.layout.spec
+        return next(
+            (r for r in self.pipelines if r[0].run.layout.spec == f"{spec}!unconditional"), None
+        )
 
     @property
     def best_seconds(self) -> float:
@@ -209,6 +219,39 @@ def details(result: RunResult) -> str:
         "process; connections are kept and reused).",
         f"- CPU seconds during the run: {cpu} (wall {result.seconds:.1f} s).",
         f"- Peak RSS per worker process: {_memory(result)}.",
+    ]
+    return "\n".join(lines)
+
+
+def condition_cost(results: Results) -> str:
+    """What conditional deletes cost, from the best layout and its unconditional twin."""
+    twin = results.unconditional
+    if twin is None:
+        return "Not measured in this run: no `!unconditional` twin of the best layout."
+    with_, without = _median_run(results.best), _median_run(twin)
+    time_ratio = results.layout_ratio(results.best) / results.layout_ratio(twin)
+    lines = [
+        "Each key's delete carries the ETag its listing saw, so S3 deletes it only if it is "
+        "unchanged (see the README's deletion-safety contract).  The best layout was run "
+        "again with `conditional_deletes = false`, in the same rounds:",
+        "",
+        "| | conditional (shipped) | unconditional | cost |",
+        "|---|---:|---:|---:|",
+        f"| seconds for {results.keys:,} keys (median) | {results.best_seconds:.1f} | "
+        f"{statistics.median(p.run.seconds for p in twin):.1f} | {time_ratio:.2f}x the time |",
+    ]
+    if with_.message_bytes and without.message_bytes:
+        lines.append(
+            f"| one batch message in Redis | {with_.message_bytes:,} bytes "
+            f"({with_.message_bytes / _batch(with_):.1f} per key) | {without.message_bytes:,} "
+            f"bytes ({without.message_bytes / _batch(without):.1f} per key) | "
+            f"{with_.message_bytes / without.message_bytes:.2f}x the bytes |"
+        )
+    lines += [
+        "",
+        "The time ratio is of the two layouts' median paired ratios to their rounds' probes. "
+        "The extra bytes are the quoted ETags (34 characters a key, base64-encoded in the "
+        "message), which the server also parses and checks per key.",
     ]
     return "\n".join(lines)
 
@@ -401,6 +444,7 @@ def markdown(results: Results, command: Sequence[str]) -> str:
             "four key ranges, the 1.2M bucket's ten weekly folders four at a time.",
             "",
         ]
+    parts += ["## What conditional deletes cost", "", condition_cost(results), ""]
     parts += [
         "## What limits the pipeline now",
         "",

@@ -39,7 +39,12 @@ DEFAULT_KEYS = 120_000
 #: whose cores the S3 server needs; batches of 1000 keys (the most DeleteObjects takes)
 #: halve the requests and messages.  On the reference machine 8, 12, 16 and 32 threads
 #: and a gevent pool were slower, and 128 threads or two workers of 64 were no faster.
-DEFAULT_LAYOUTS = ("default", "sweeps:prefork:1+batches:threads:64@1000")
+#: The best layout runs a second time with conditional deletes off, to show their cost.
+DEFAULT_LAYOUTS = (
+    "default",
+    "sweeps:prefork:1+batches:threads:64@1000",
+    "sweeps:prefork:1+batches:threads:64@1000!unconditional",
+)
 #: Rounds of (probes, layouts): the machine may be shared, so every pipeline run is
 #: paired with the faster probe of its own round, and the median of the paired
 #: ratios is reported.  On the reference machine the S3 server's CPU per deleted

@@ -30,3 +30,13 @@ def test_probes_go_first_in_even_rounds_and_last_in_odd_ones():
         first, last = ("probe", "pipeline") if round_ % 2 == 0 else ("pipeline", "probe")
         assert kinds == sorted(kinds, key=lambda k: k != first), kinds
         assert kinds[-1] == last
+
+
+def test_a_layout_can_turn_conditional_deletes_off_to_measure_their_cost():
+    shipped = Layout.parse("sweeps:prefork:1+batches:threads:64@1000")
+    twin = Layout.parse("sweeps:prefork:1+batches:threads:64@1000!unconditional")
+
+    assert shipped.conditional
+    assert not twin.conditional
+    assert (twin.workers, twin.batch_size) == (shipped.workers, shipped.batch_size)
+    assert twin.label() == shipped.label() + ", unconditional deletes"
