@@ -52,8 +52,9 @@ FRESH_SHARE = 1 / 20
 OUTSIDE_SHARE = 1 / 30
 #: Keys per DeleteObjects: the most S3 takes in one request.
 BATCH_SIZE = 1000
-#: How long the statements are kept; only names the weeks in the keys, since S3
-#: stamps every object "now" and the run's cutoff is taken between the uploads.
+#: How long a real deployment keeps the statements.  Here it only names the weeks in
+#: the keys: S3 stamps every object "now", so the demo's target keeps nothing
+#: (``retention_days = 0``) and the run's cutoff is taken between the uploads.
 RETENTION_DAYS = 35
 #: Workers and pool processes: the work is I/O-bound (S3 round trips), so a
 #: 2-core machine runs more processes than cores.
@@ -224,7 +225,9 @@ def _stack(workdir: Path, redis_server: RedisServer, weed: WeedServer, bucket: s
         'description = "Rendered weekly statements (demo)."\n'
         f'bucket = "{bucket}"\n'
         f'prefix = "{PREFIX}"\n'
-        f"retention_days = {RETENTION_DAYS}\n"
+        # Every demo object is written moments ago (S3 stamps LastModified itself), so the
+        # run's cutoff falls between the uploads, which only a zero retention allows.
+        "retention_days = 0\n"
         'schedule = "0 3 * * 0"\n'
         f"batch_size = {BATCH_SIZE}\n"
     )

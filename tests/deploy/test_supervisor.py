@@ -62,7 +62,7 @@ def _targets(bucket: str) -> str:
         f"[targets.{name}]\n"
         f'bucket = "{bucket}"\n'
         f'prefix = "{name}/"\n'
-        "retention_days = 30\n"
+        "retention_days = 0\n"
         'schedule = "0 3 * * 0"\n'
         "batch_size = 50\n"
         for name in ("statements", "tmp")

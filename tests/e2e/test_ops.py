@@ -94,7 +94,8 @@ def test_metrics_follow_a_20k_key_run_from_first_listing_to_the_last_delete(
 ):
     # Given 20,000 expired keys, three of which S3 refuses to delete, behind a slow S3
     seed_keys(weed.endpoint_url, bucket, KEYS)
-    cutoff = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    cutoff = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    wait_for(lambda: datetime.now(UTC) >= cutoff, 5, "the clock to pass the cutoff")
     proxy.deny_keys = DENIED
     proxy.delay = 0.1
     stack = make_stack(s3_targets(bucket))
@@ -182,7 +183,8 @@ def test_worker_logs_are_json_lines_with_one_event_per_batch_and_run_transition(
     # Given a worker logging JSON, and a run with a throttled S3 and one refused key
     keys = KEYS[:1200]
     seed_keys(weed.endpoint_url, bucket, keys)
-    cutoff = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    cutoff = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    wait_for(lambda: datetime.now(UTC) >= cutoff, 5, "the clock to pass the cutoff")
     proxy.deny_keys = {keys[5]}
     proxy.slowdown_rate = 0.6
     proxy.retry_after = 0

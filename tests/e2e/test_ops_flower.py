@@ -78,7 +78,8 @@ def watched(
     bucket = f"flower-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(Bucket=bucket)
     seed_keys(weed.endpoint_url, bucket, KEYS)
-    cutoff = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    cutoff = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    wait_for(lambda: datetime.now(UTC) >= cutoff, 5, "the clock to pass the cutoff")
     with FaultProxy(weed.endpoint_url) as proxy:
         proxy.deny_keys = {DENIED}
         proxy.slowdown_rate = 1.0  # until one delete has been throttled, see below

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from digest_cleanup.testing.seed import digest_layout_keys, seed_keys
+from digest_cleanup.testing.stack import wait_for
 from tests.conftest import s3_targets
 
 pytestmark = pytest.mark.e2e
@@ -67,7 +68,8 @@ def run_in_terminal(argv: Sequence[str], env: Mapping[str, str], timeout: float)
 def test_status_watch_draws_live_progress_bars_in_a_terminal(make_stack, weed, bucket, proxy):
     # Given a run of six batches against a slow S3 that refuses one key
     seed_keys(weed.endpoint_url, bucket, KEYS)
-    cutoff = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    cutoff = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    wait_for(lambda: datetime.now(UTC) >= cutoff, 5, "the clock to pass the cutoff")
     proxy.deny_keys = {KEYS[42]}
     proxy.delay = 0.3
     stack = make_stack(s3_targets(bucket))

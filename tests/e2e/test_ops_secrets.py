@@ -49,7 +49,9 @@ def test_no_credential_or_clear_customer_id_in_logs_cli_output_or_dead_letters(
     bucket = f"leaks-{free_port()}"
     s3.create_bucket(Bucket=bucket)
     seed_keys(weed.endpoint_url, bucket, STATEMENTS + RECEIPTS)
-    cutoff = (datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)).isoformat()
+    ahead = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    wait_for(lambda: datetime.now(UTC) >= ahead, 5, "the clock to pass the cutoff")
+    cutoff = ahead.isoformat()
     targets = s3_targets(bucket) + s3_targets(
         bucket, prefix="receipts/", name="receipts", max_delete=5
     )

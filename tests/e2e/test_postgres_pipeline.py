@@ -105,7 +105,7 @@ def postgres_target(name: str, table: str, dsn_env: str, **extra: Any) -> str:
         'primary_key = "id"',
         'timestamp_column = "updated_at"',
         f'dsn_env = "{dsn_env}"',
-        "retention_days = 0",
+        "retention_days = 30",
         'schedule = "0 3 * * 0"',
         *(f"{key} = {value}" for key, value in extra.items()),
     ]
@@ -210,7 +210,11 @@ def test_expired_rows_are_deleted_fresh_and_rewritten_rows_kept_and_the_run_repo
     assert summary["accounting"]["balanced"] is True
     assert (summary["expired"], summary["skipped"]) == (40_000, 50)
     assert summary["location"] == f"postgres://{table}"
-    assert s3.get_object(Bucket=bucket, Key=prefix + "not_deleted.jsonl")["Body"].read() == b""
+    rows = s3.get_object(Bucket=bucket, Key=prefix + "not_deleted.jsonl")["Body"].read()
+    kept = [json.loads(line) for line in rows.decode().splitlines()]
+    assert sorted((int(r["key"]), r["code"]) for r in kept) == [
+        (i, "changed_since_listing") for i in sorted(REWRITTEN)
+    ]
 
     # And the role's password shows up in no output and no worker log
     targets = stack.cli("targets", "--json")
