@@ -68,19 +68,8 @@ def process(runtime: Runtime, raw: Any, task_id: str, publisher: Publisher) -> B
                   attempt=payload.attempt, generation=payload.generation)  # fmt: skip
         return report
     if deliveries > settings.max_deliveries:
-        dead = {
-            i: ItemResult(i, Outcome.PERMANENT, "worker_lost", f"{deliveries - 1} deliveries died")
-            for i in payload.items
-        }
-        return _follow_up_and_record(
-            runtime,
-            payload,
-            publisher,
-            decide(list(dead.values()), payload.attempt, 0),
-            started,
-            reason="worker_lost",
-            delete_seconds=0.0,
-        )
+        lost = f"{deliveries - 1} deliveries died"
+        return _dead_whole(runtime, payload, publisher, started, "worker_lost", lost, "")
 
     t0 = time.monotonic()
     results = kind.delete(payload.items, payload.cutoff_datetime(), payload.conditions)
@@ -162,9 +151,6 @@ def _refuse(
     A batch of an unknown run, or of an earlier incarnation, counts nothing: the
     current run's counters are its own.
     """
-    dead = {
-        i: ItemResult(i, Outcome.PERMANENT, refused.code, refused.message) for i in payload.items
-    }
     run = runtime.store.find(payload.run_id)
     current = (
         run is not None
@@ -172,18 +158,11 @@ def _refuse(
         and run.fields.get("token", "") == payload.run_token
         and runtime.store.is_pending(payload.run_id, payload.batch_id)
     )
+    code, message = refused.code, refused.message
     if current:
-        return _follow_up_and_record(
-            runtime,
-            payload,
-            publisher,
-            decide(list(dead.values()), payload.attempt, 0),
-            started,
-            reason=refused.code,
-            delete_seconds=0.0,
-            message=refused.message,
-        )
-    entry = make_entry(payload, dead, refused.code, refused.message)
+        return _dead_whole(runtime, payload, publisher, started, code, message, message)
+    dead = {i: ItemResult(i, Outcome.PERMANENT, code, message) for i in payload.items}
+    entry = make_entry(payload, dead, code, message)
     entry_id = entry.dead_letter["entry_id"]
     publisher.dead_letter(entry_id, entry.to_message(), entry.describe())
     report = BatchReport(
@@ -193,10 +172,33 @@ def _refuse(
         target=payload.target,
         dead_lettered=len(dead),
         entry_id=entry_id,
-        reason=refused.code,
+        reason=code,
     )
     log_event(logger, "batch", runtime.settings, level=logging.WARNING, **report.as_dict())
     return report
+
+
+def _dead_whole(
+    runtime: Runtime,
+    payload: BatchPayload,
+    publisher: Publisher,
+    started: float,
+    code: str,
+    message: str,
+    entry_message: str,
+) -> BatchReport:
+    """Dead-letter every item of the batch with one code, and record it against its run."""
+    dead = [ItemResult(i, Outcome.PERMANENT, code, message) for i in payload.items]
+    return _follow_up_and_record(
+        runtime,
+        payload,
+        publisher,
+        decide(dead, payload.attempt, 0),
+        started,
+        reason=code,
+        delete_seconds=0.0,
+        message=entry_message,
+    )
 
 
 def _follow_up_and_record(
