@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from typing import TYPE_CHECKING, Any
@@ -88,26 +89,40 @@ def cmd_show(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_redrive(args: argparse.Namespace, ctx: Context) -> int:
+    """Move the selected entries back; exit 1 when any was refused (it stays, with why)."""
+    from digest_cleanup import redrive
     from digest_cleanup.cli import _print_json
 
     dlq = _queue(ctx)
     entries = _select(args, dlq)
-    moved = [] if args.dry_run else dlq.redrive(entries)
+    if args.dry_run:
+        refusals = [r for e in entries if (r := redrive.refusal(ctx.runtime, e)) is not None]
+        outcome = redrive.Outcome(refused=refusals)
+        movable = [e.id for e in entries if e.id not in {r.entry_id for r in refusals}]
+    else:
+        outcome = redrive.redrive(ctx.runtime, dlq, entries)
+        movable = outcome.moved
+    keys = sum(len(e.items) for e in entries if e.id in movable)
     result: dict[str, Any] = {
         "dry_run": args.dry_run,
         "selected": [e.id for e in entries],
-        "redriven": moved,
-        "keys": sum(len(e.items) for e in entries if e.id in moved or args.dry_run),
+        "redriven": outcome.moved,
+        "would_redrive": movable if args.dry_run else [],
+        "refused": [dataclasses.asdict(r) for r in outcome.refused],
+        "keys": keys,
     }
     if args.json:
         _print_json(result)
     else:
         verb = "would redrive" if args.dry_run else "redrove"
-        count = len(entries) if args.dry_run else len(moved)
-        print(f"{verb} {count} entries ({result['keys']} keys)")
-        for entry_id in result["selected"]:
+        print(f"{verb} {len(movable)} entries ({keys} keys)")
+        for entry_id in movable:
             print(f"  {entry_id}")
-    return 0
+        if outcome.refused:
+            print(f"refused {len(outcome.refused)} entries; they stay in the queue:")
+            for r in outcome.refused:
+                print(f"  {r.entry_id}  {r.reason}: {r.message}")
+    return 1 if outcome.refused else 0
 
 
 def cmd_purge(args: argparse.Namespace, ctx: Context) -> int:

@@ -33,6 +33,11 @@ from digest_cleanup.batches import MAX_ITEM_LENGTH, BatchPayload
 from digest_cleanup.errors import DeadLetterError
 from digest_cleanup.kinds import ItemResult
 
+#: What a failed run's message gains when its dead letters are redriven.
+FAILED_RUN_NOTE = (
+    "Its dead letters were redriven, but the run stays failed: trigger a new run to "
+    "delete what it never listed."
+)
 #: Items of a poison message kept in its entry; the rest are counted, not stored.
 POISON_ITEMS_KEPT = 50
 
@@ -59,9 +64,19 @@ if moved > 0 and n > 0 and redis.call('EXISTS', run) == 1 then
   redis.call('HINCRBY', run, 'redriven', n)
   redis.call('HINCRBY', run, 'dead_lettered', -n)
   redis.call('HINCRBY', run, 'inflight', 1)
-  redis.call('HSET', run, 'status', 'running', 'last_redrive_at', now)
-  redis.call('HDEL', run, 'ended_at', 'reason', 'message', 'finalized_at')
+  redis.call('HSET', run, 'last_redrive_at', now)
   redis.call('ZADD', pending, now_epoch, batch)
+  if redis.call('HGET', run, 'status') == 'failed' then
+    -- A failed run never listed everything: its dead letters are deleted, but it
+    -- stays failed, and says so, until a new run lists what it missed.
+    local message = redis.call('HGET', run, 'message') or ''
+    if not string.find(message, ARGV[8], 1, true) then
+      redis.call('HSET', run, 'message', message .. ' ' .. ARGV[8])
+    end
+  else
+    redis.call('HSET', run, 'status', 'running')
+    redis.call('HDEL', run, 'ended_at', 'reason', 'message', 'finalized_at')
+  end
 end
 return moved
 """
@@ -264,35 +279,32 @@ class DeadLetterQueue:
     def get(self, entry_id: str) -> Entry:
         return self.select(ids=[entry_id])[0]
 
-    def redrive(self, entries: Iterable[Entry]) -> list[str]:
-        """Move entries back onto the work queue; returns the ids moved."""
-        moved: list[str] = []
-        for entry in entries:
-            if entry.payload is None:
-                raise DeadLetterError(
-                    f"{entry.id} is a poison message ({entry.info.get('reason')}) and cannot be "
-                    "redriven; inspect it with 'dlq show' and purge it"
-                )
-            n = self._redrive(
-                keys=[
-                    self.queue,
-                    self.work_queue,
-                    f"{self.key_prefix}:run:{entry.run_id}",
-                    f"{self.key_prefix}:run:{entry.run_id}:pending",
-                ],
-                args=[
-                    entry.id,
-                    len(entry.items),
-                    time.time(),
-                    entry.payload.batch_id,
-                    _iso_now(),
-                    self.work_exchange,
-                    self.work_routing_key,
-                ],
-            )
-            if int(n):
-                moved.append(entry.id)
-        return moved
+    def redrive_one(self, entry: Entry) -> bool:
+        """Move one entry back onto the work queue; False when it was no longer there.
+
+        Callers check first that it may go (see :mod:`digest_cleanup.redrive`).
+        """
+        if entry.payload is None:
+            raise DeadLetterError(f"{entry.id} is a poison entry and cannot be redriven")
+        n = self._redrive(
+            keys=[
+                self.queue,
+                self.work_queue,
+                f"{self.key_prefix}:run:{entry.run_id}",
+                f"{self.key_prefix}:run:{entry.run_id}:pending",
+            ],
+            args=[
+                entry.id,
+                len(entry.items),
+                time.time(),
+                entry.payload.batch_id,
+                _iso_now(),
+                self.work_exchange,
+                self.work_routing_key,
+                FAILED_RUN_NOTE,
+            ],
+        )
+        return bool(int(n))
 
     def purge(self, entries: Iterable[Entry], command: str) -> list[dict[str, Any]]:
         """Remove entries for good, leaving an audit record of each; returns the records."""

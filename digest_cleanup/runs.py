@@ -54,6 +54,7 @@ RUN_KEY_SUFFIXES = (
     "deliveries",
     "staged",
     "skipped_items",
+    "sweep_lease",
 )
 #: Upper bounds (seconds) of the enqueue-to-acknowledgement latency histogram.
 LATENCY_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -94,16 +95,20 @@ return 'created'
 _CHECKPOINT_LUA = (
     _FINISH_LUA
     + """
-local run, cp = KEYS[1], KEYS[2]
+local run, cp, lease = KEYS[1], KEYS[2], KEYS[4]
 if redis.call('EXISTS', run) == 0 then return 'missing' end
+-- The fence: only the slice holding the sweep lease may write, and writing renews it.
+if redis.call('GET', lease) ~= ARGV[5] then return 'fenced' end
+redis.call('PEXPIRE', lease, ARGV[6])
 local c = cjson.decode(ARGV[1])
 redis.call('SET', cp, ARGV[1])
 redis.call('HSET', run, 'listed', c.listed, 'expired', c.expired, 'batches', c.seq,
            'sweep_heartbeat', ARGV[2])
+redis.call('HSET', run, 'sweep_errors', 0)
 local new = tonumber(ARGV[4])
 if new > 0 then
   redis.call('HINCRBY', run, 'inflight', new)
-  for i = 5, #ARGV do redis.call('ZADD', KEYS[3], ARGV[3], ARGV[i]) end
+  for i = 7, #ARGV do redis.call('ZADD', KEYS[3], ARGV[3], ARGV[i]) end
 end
 if c.done then
   redis.call('HSET', run, 'sweep_done', 1, 'swept_at', ARGV[2])
@@ -146,6 +151,8 @@ end
 return 'recorded'
 """
 )
+
+_RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
 
 _FAIL_LUA = """
 local run = KEYS[1]
@@ -243,6 +250,7 @@ class RunStore:
         self._record = client.register_script(_RECORD_LUA)
         self._fail = client.register_script(_FAIL_LUA)
         self._delivery = client.register_script(_DELIVERY_LUA)
+        self._release = client.register_script(_RELEASE_LUA)
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -287,24 +295,65 @@ class RunStore:
         """Set plain fields (not counters) on an existing run."""
         self.redis.hset(self.run_key(run_id), mapping={k: _field(v) for k, v in fields.items()})
 
+    def take_lease(self, run_id: str, seconds: float) -> str | None:
+        """Take the sweep lease of ``run_id`` for ``seconds``; its fencing token, or None.
+
+        Only the holder's checkpoints are written (see :meth:`save_checkpoint`), so a
+        slice that outran its lease and overlaps a redelivered one cannot count the
+        same batches twice.
+        """
+        token = uuid.uuid4().hex
+        taken = self.redis.set(self.run_key(run_id, "sweep_lease"), token, nx=True,
+                               px=int(seconds * 1000))  # fmt: skip
+        return token if taken else None
+
+    def holds_lease(self, run_id: str, token: str) -> bool:
+        """True while ``token`` still holds the sweep lease of ``run_id``."""
+        return self.redis.get(self.run_key(run_id, "sweep_lease")) == token.encode()
+
+    def release_lease(self, run_id: str, token: str) -> None:
+        """Give the lease back, if ``token`` still holds it."""
+        self._release(keys=[self.run_key(run_id, "sweep_lease")], args=[token])
+
     def save_checkpoint(
-        self, run_id: str, checkpoint: Mapping[str, Any], new_batches: list[str]
+        self,
+        run_id: str,
+        checkpoint: Mapping[str, Any],
+        new_batches: list[str],
+        *,
+        lease: str,
+        lease_seconds: float,
     ) -> str:
         """Store the sweep checkpoint and the sweep-owned counters in one step.
 
         ``new_batches`` are batch ids entering flight for the first time; they are
         counted in ``inflight`` exactly once, even when the sweep resumes and
-        publishes its outbox again.
+        publishes its outbox again.  Only the holder of ``lease`` writes, renewing it
+        for ``lease_seconds``; any other caller gets ``fenced`` and changes nothing.
+        A checkpoint is progress, so it also clears the sweep's error count.
         """
         result = self._checkpoint(
             keys=[
                 self.run_key(run_id),
                 self.run_key(run_id, "checkpoint"),
                 self.run_key(run_id, "pending"),
+                self.run_key(run_id, "sweep_lease"),
             ],
-            args=[json.dumps(checkpoint), now_iso(), time.time(), len(new_batches), *new_batches],
+            args=[
+                json.dumps(checkpoint),
+                now_iso(),
+                time.time(),
+                len(new_batches),
+                lease,
+                int(lease_seconds * 1000),
+                *new_batches,
+            ],
         )
         return _text(result)
+
+    def count_sweep_error(self, run_id: str) -> int:
+        """Count one failed sweep slice since the last checkpoint; returns the count."""
+        return int(self.redis.hincrby(self.run_key(run_id), "sweep_errors", 1))
 
     def stage(self, run_id: str, batches: Sequence[Sequence[Any]]) -> int:
         """Append batches of expired items to the run's staged list; returns its length.

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
@@ -52,10 +51,20 @@ STAGE_LIMIT = 1_000_000
 #: Staged batches read from Redis, checkpointed and published at a time.
 STAGED_READ_BATCHES = 16
 
-SliceResult = Literal["continue", "done", "attached", "failed", "missing"]
+#: How much longer than a slice its lease lasts, so a live slice is never overlapped.
+LEASE_MARGIN_SECONDS = 10.0
+
+SliceResult = Literal["continue", "done", "attached", "failed", "missing", "fenced"]
 Publish = Callable[[BatchPayload], None]
 #: An expired item with its delete condition, as the checkpoint and staging keep it.
 Expired = list[str]
+
+
+class Fenced(Exception):
+    """Control flow, not an error: a slice outran its lease and another took over.
+
+    The slice stops at once, having written nothing since it lost the lease.
+    """
 
 
 @dataclasses.dataclass
@@ -102,11 +111,12 @@ def sweep_slice(
     if run.finished or run.fields.get("sweep_done") == "1":
         return "done"
     limit = slice_seconds or min(SLICE_SECONDS, runtime.settings.visibility_timeout / 3)
-    lease_key = store.run_key(run_id, "sweep_lease")
-    token = uuid.uuid4().hex
-    # The lease outlives a slice a little, so a live slice is never overlapped,
-    # and a dead one frees the sweep well before its message is redelivered.
-    if not store.redis.set(lease_key, token, nx=True, px=int((limit + 10) * 1000)):
+    # The lease outlives a slice a little, so a live slice is never overlapped, and a
+    # dead one frees the sweep well before its message is redelivered.  Every
+    # checkpoint renews it, and a slice that lost it is fenced off (see RunStore).
+    lease_seconds = limit + LEASE_MARGIN_SECONDS
+    token = store.take_lease(run_id, lease_seconds)
+    if token is None:
         return "attached"
     try:
         target = runtime.target(run["target"])
@@ -128,6 +138,8 @@ def sweep_slice(
             deadline=time.monotonic() + limit,
             forced=run.fields.get("forced") == "1",
             dry_run=run.fields.get("dry_run") == "1",
+            lease=token,
+            lease_seconds=lease_seconds,
         )
         if sweep.cp.phase == "guard":
             if not _guard(sweep):
@@ -135,9 +147,10 @@ def sweep_slice(
             if sweep.dry_run:
                 return "done"
         return _publish(sweep, publish)
+    except Fenced:
+        return "fenced"
     finally:
-        release = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
-        store.redis.eval(release, 1, lease_key, token)
+        store.release_lease(run_id, token)
 
 
 def _refusal(
@@ -186,6 +199,9 @@ class _Slice:
     deadline: float
     forced: bool
     dry_run: bool
+    #: The sweep lease's fencing token, and how long each checkpoint renews it for.
+    lease: str
+    lease_seconds: float
 
     @property
     def store(self) -> RunStore:
@@ -195,9 +211,19 @@ class _Slice:
         return time.monotonic() > self.deadline
 
     def save(self, new_batches: list[str] | None = None) -> str:
-        return self.store.save_checkpoint(
-            self.run_id, dataclasses.asdict(self.cp), new_batches or []
+        """Checkpoint; raise :class:`Fenced` if another slice holds the lease now."""
+        result = self.store.save_checkpoint(
+            self.run_id,
+            dataclasses.asdict(self.cp),
+            new_batches or [],
+            lease=self.lease,
+            lease_seconds=self.lease_seconds,
         )
+        if result == "fenced":
+            log_event(logger, "sweep", self.runtime.settings, level=logging.WARNING,
+                      run_id=self.run_id, result="fenced")  # fmt: skip
+            raise Fenced(self.run_id)
+        return result
 
 
 def _guard(sweep: _Slice) -> bool:
@@ -332,6 +358,8 @@ def _publish_staged(sweep: _Slice, publish: Publish) -> SliceResult:
 
 def _read_staged(sweep: _Slice, start: int, count: int) -> list[list[Any]]:
     chunk = sweep.store.staged(sweep.run_id, start, min(count, sweep.cp.staged - start))
+    if not chunk and not sweep.store.holds_lease(sweep.run_id, sweep.lease):
+        raise Fenced(sweep.run_id)  # a slice that took over finished and freed them
     if not chunk:
         raise RunStateError(
             f"run {sweep.run_id}: {sweep.cp.staged - start} staged batches are missing from "
@@ -531,7 +559,7 @@ def on_slice_error(runtime: Runtime, run_id: str, exc: Exception) -> float | Non
     else:
         detail = f"{type(exc).__name__}: {exc}"
     if not isinstance(exc, PermanentError):
-        errors = store.redis.hincrby(store.run_key(run_id), "sweep_errors", 1)
+        errors = store.count_sweep_error(run_id)
         if errors <= settings.max_retries:
             retry_after = exc.retry_after if isinstance(exc, ItemError) else None
             countdown = backoff(errors - 1, settings, retry_after)

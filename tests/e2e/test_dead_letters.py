@@ -11,6 +11,7 @@ import redis
 
 from digest_cleanup.app import create_app, dead_letter_queue
 from digest_cleanup.batches import BatchPayload
+from digest_cleanup.redrive import redrive
 from digest_cleanup.runtime import Runtime
 from digest_cleanup.settings import Settings
 from digest_cleanup.testing.stack import Stack, wait_for
@@ -109,7 +110,7 @@ def test_a_redrive_that_crashes_midway_loses_no_entry(make_stack, s3, bucket, pr
             yield entry
 
     with pytest.raises(Crash):
-        dlq.redrive(dying())
+        redrive(runtime, dlq, dying())
 
     # Then every entry is in exactly one of the two queues
     client = redis.Redis.from_url(redis_url)

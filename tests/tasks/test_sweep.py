@@ -290,3 +290,46 @@ def test_a_checkpoint_from_before_staging_resumes_by_listing(runtime, monkeypatc
         f"snap/{i:05d}" for i in range(1000)
     ]
     assert runtime.store.get(run_id).count("batches") == 20
+
+
+def test_a_slice_that_outran_its_lease_is_fenced_and_the_in_flight_count_stays_exact(runtime):
+    # Given a run whose first slice stalls mid-publish past its lease (a long listing
+    # page, say), while a redelivered copy of the slice takes the lease over
+    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    lease = runtime.store.run_key(run_id, "sweep_lease")
+    late: list[BatchPayload] = []
+    takeover: list[str] = []
+
+    def stall_then_publish(payload: BatchPayload) -> None:
+        late.append(payload)
+        if len(late) == 1:
+            runtime.store.redis.delete(lease)  # the lease expires while the slice stalls
+            takeover.append(sweep_slice(runtime, run_id, redelivered.append))
+
+    redelivered: list[BatchPayload] = []
+
+    # When the stalled slice goes on after the takeover
+    first = sweep_slice(runtime, run_id, stall_then_publish)
+
+    # Then it is fenced at its next checkpoint, the takeover swept everything, and the
+    # run counts each batch in flight once
+    assert first == "fenced"
+    assert takeover == ["done"]
+    run = runtime.store.get(run_id)
+    assert run.count("batches") == 20
+    assert run.count("inflight") == 20
+    assert sorted({p.seq for p in redelivered}) == list(range(1, 21))
+
+
+def test_a_checkpoint_clears_the_sweep_error_count(runtime):
+    # Given a run whose sweep failed twice, transiently
+    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    for _ in range(2):
+        assert on_slice_error(runtime, run_id, TimeoutError("slow page")) is not None
+    assert runtime.store.get(run_id).count("sweep_errors") == 2
+
+    # When a slice then makes progress
+    assert sweep_slice(runtime, run_id, lambda _: None) == "done"
+
+    # Then the count starts over, so errors spread over a long sweep never add up to a failure
+    assert runtime.store.get(run_id).count("sweep_errors") == 0

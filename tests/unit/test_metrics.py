@@ -83,7 +83,15 @@ def record(runtime: Runtime, seq: int, **kw: Any) -> str:
 
 def checkpoint(runtime: Runtime, seqs: list[int], *, done: bool, expired: int) -> None:
     cp = {"listed": expired, "expired": expired, "seq": max(seqs), "done": done}
-    runtime.store.save_checkpoint(RUN, cp, [f"{RUN}-b{s:05d}" for s in seqs])
+    lease = runtime.store.take_lease(RUN, 60) or _held_lease(runtime)
+    saved = runtime.store.save_checkpoint(
+        RUN, cp, [f"{RUN}-b{s:05d}" for s in seqs], lease=lease, lease_seconds=60
+    )
+    assert saved in ("saved", "finished")
+
+
+def _held_lease(runtime: Runtime) -> str:
+    return bytes(runtime.store.redis.get(runtime.store.run_key(RUN, "sweep_lease"))).decode()
 
 
 def test_oldest_pending_age_rises_while_listing_then_follows_the_oldest_batch(runtime):

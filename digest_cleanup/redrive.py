@@ -1,0 +1,99 @@
+"""Redrive: which dead-letter entries may go back onto the work queue, and moving them.
+
+A redrive is a delete that runs again, possibly weeks after its run, so it is
+checked here first, against this process's own targets file, clock and run
+store, with the same rules a worker applies to every batch:
+
+* the entry decoded as a batch (a poison entry cannot be redriven);
+* its target still exists, with the scope the entry was listed under;
+* its cutoff lies outside the target's retention window;
+* its run is still in the run store, in the incarnation that listed it.
+
+An entry that fails a check is not moved: it stays where it is, with all its
+keys, and the reason is reported, so nothing is turned into a lesser entry or
+lost.  The worker checks again on delivery; this check only keeps a redrive
+from being refused after the fact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from digest_cleanup.dead_letter import DeadLetterQueue, Entry
+from digest_cleanup.errors import ConfigError, CutoffError
+from digest_cleanup.runtime import Runtime
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """Why one entry was not moved."""
+
+    entry_id: str
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a redrive did: the entries moved, and the ones it refused with why."""
+
+    moved: list[str] = dataclasses.field(default_factory=list)
+    refused: list[Refusal] = dataclasses.field(default_factory=list)
+
+
+def refusal(runtime: Runtime, entry: Entry) -> Refusal | None:
+    """Why ``entry`` must not be redriven now, or None when it may."""
+    payload = entry.payload
+    if payload is None:
+        return Refusal(
+            entry.id,
+            "poison",
+            "the message never decoded as a batch; inspect it with 'dlq show' and purge it",
+        )
+    try:
+        target = runtime.target(payload.target)
+        scope = runtime.kind(target.name).scope_digest
+    except ConfigError as exc:
+        return Refusal(entry.id, "unknown_target", f"{exc}; fix the targets file, then redrive")
+    if payload.scope != scope:
+        return Refusal(
+            entry.id,
+            "target_changed",
+            f"listed under another scope of target {target.name} (bucket, prefix, versions "
+            "or endpoint); put the configuration back to redrive, or purge the entry: the "
+            "target's next run lists its keys afresh",
+        )
+    try:
+        target.check_cutoff(payload.cutoff_datetime())
+    except CutoffError as exc:
+        return Refusal(entry.id, "inside_retention", str(exc))
+    run = runtime.store.find(payload.run_id)
+    if run is None or run.fields.get("target") != payload.target:
+        return Refusal(
+            entry.id,
+            "unknown_run",
+            f"run {payload.run_id} is no longer in the run store (its state ages out after 35 "
+            "days, or Redis lost it); run the target again: its listing finds these keys if "
+            "they are still expired",
+        )
+    if run.fields.get("token", "") != payload.run_token:
+        return Refusal(
+            entry.id,
+            "stale_run",
+            f"run {payload.run_id} was restarted since this entry was made; the new run "
+            "lists its own keys, so purge this entry once that run has ended",
+        )
+    return None
+
+
+def redrive(runtime: Runtime, queue: DeadLetterQueue, entries: Iterable[Entry]) -> Outcome:
+    """Move every entry that passes :func:`refusal`; go on past the ones that do not."""
+    outcome = Outcome()
+    for entry in entries:
+        refused = refusal(runtime, entry)
+        if refused is not None:
+            outcome.refused.append(refused)
+        elif queue.redrive_one(entry):
+            outcome.moved.append(entry.id)
+    return outcome
