@@ -139,6 +139,28 @@ def _check(runtime: Runtime, payload: BatchPayload) -> TargetKind:
     return kind
 
 
+def give_up(
+    runtime: Runtime, raw: Any, error: Exception, deliveries: int, publisher: Publisher
+) -> BatchReport:
+    """Dead-letter a batch whose every delivery raised, whole, as ``worker_error``.
+
+    An exception on the batch path (a dropped table, a database down, a setting
+    missing on this worker) is retried with backoff by the task; past
+    ``CLEANUP_MAX_DELIVERIES`` it ends here, so nothing requeues forever.
+    """
+    started = time.monotonic()
+    try:
+        payload = BatchPayload.from_message(raw)
+    except PoisonMessage as poison:
+        return _poison(runtime, raw, "", poison, publisher)
+    message = (
+        f"{deliveries} deliveries failed, the last with {type(error).__name__}: {error}; "
+        "nothing more was deleted. Fix the cause, then redrive"
+    )
+    return _refuse(runtime, payload, RefusedBatch("worker_error", message[:1000]), publisher,
+                   started)  # fmt: skip
+
+
 def _refuse(
     runtime: Runtime,
     payload: BatchPayload,

@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     p.add_argument("--watch", action="store_true", help="follow the run live until it ends")
 
+    p = add("report", cmd_report, "write a finished run's audit report again (one left pending)")
+    p.add_argument("run_id")
+
     p = add("runs", cmd_runs, "list recent runs, newest first")
     p.add_argument("--target")
     p.add_argument("--limit", type=int, default=20)
@@ -239,6 +242,25 @@ def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
     data = run.as_dict()
     data["retries_by_code"] = ctx.runtime.store.retry_codes(args.run_id)
     return _show_run(data, args.json)
+
+
+def cmd_report(args: argparse.Namespace, ctx: Context) -> int:
+    """Write the report of a finished run; counts nothing, so it is safe to repeat."""
+    from digest_cleanup.reports import finish_run
+
+    ctx.ping()
+    run = ctx.runtime.store.get(args.run_id)
+    if not run.finished:
+        raise UsageError(f"run {args.run_id} is {run.status}: its report is written when it ends")
+    finish_run(ctx.runtime, args.run_id)
+    data = ctx.runtime.store.get(args.run_id).as_dict()
+    if args.json:
+        _print_json(data)
+    elif data.get("report_pending"):
+        print(f"report still pending: {data['report_error']}", file=sys.stderr)
+    else:
+        print(data.get("report_url") or "no audit location (CLEANUP_AUDIT_URL) is set")
+    return EXIT_FAILED if data.get("report_pending") else EXIT_OK
 
 
 def cmd_runs(args: argparse.Namespace, ctx: Context) -> int:

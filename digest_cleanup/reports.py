@@ -38,11 +38,17 @@ def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:
     }
     not_deleted = list(_not_deleted(runtime, run_id))
     summary["not_deleted_count"] = len(not_deleted)
-    url = audit.write_report(runtime.settings, target, run_id, summary, not_deleted)
+    try:
+        url = audit.write_report(runtime.settings, target, run_id, summary, not_deleted)
+    except Exception as exc:  # the run's outcome stands; only its report waits
+        return _report_pending(runtime, run_id, summary, exc)
     if url:
         summary["report_url"] = url
+    summary["report_pending"] = False
+    summary.pop("report_error", None)
     # Written last: waiters treat a run as done once its report is out too.
-    store.update(run_id, report_url=url or "", finalized_at=now_iso())
+    store.update(run_id, report_url=url or "", finalized_at=now_iso(), report_pending=0)
+    store.clear(run_id, "report_error")
     store.expire(run_id)
     log_event(
         logger,
@@ -60,6 +66,22 @@ def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:
         report=url or "-",
     )
     return summary
+
+
+def _report_pending(
+    runtime: Runtime, run_id: str, summary: dict[str, Any], exc: Exception
+) -> dict[str, Any]:
+    """Keep the run in its final state with the report marked pending, and say why.
+
+    Nothing was counted by the attempt to write it, so writing it later (``runs
+    report RUN``, or the run's next trigger) counts nothing again.
+    """
+    error = f"{type(exc).__name__}: {exc}"[:500]
+    runtime.store.update(run_id, report_pending=1, report_error=error, finalized_at=now_iso())
+    runtime.store.expire(run_id)
+    log_event(logger, "run", runtime.settings, level=logging.WARNING, run_id=run_id,
+              status=summary["status"], report="pending", error=error)  # fmt: skip
+    return {**summary, "report_pending": True, "report_error": error}
 
 
 def _duration(summary: dict[str, Any]) -> float | str:

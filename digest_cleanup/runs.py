@@ -36,6 +36,10 @@ COUNTERS = (
     "duplicates",
     "inflight",
 )
+#: Plain fields that hold a yes or no.
+BOOL_FIELDS = frozenset(
+    {"dry_run", "sweep_done", "forced", "conditional_deletes", "report_pending"}
+)
 #: Plain fields that hold whole numbers.
 INT_FIELDS = frozenset({"batch_size", "max_delete", "expired_seen", "sweep_errors"})
 #: Statuses a run can be in; the last three are final until a redrive reopens it.
@@ -228,7 +232,13 @@ class RunView:
         for key, value in sorted(self.fields.items()):
             if key in COUNTERS or key in INT_FIELDS:
                 out[key] = int(value or 0)
-            elif key in ("dry_run", "sweep_done", "forced", "conditional_deletes"):
+            elif key in (
+                "dry_run",
+                "sweep_done",
+                "forced",
+                "conditional_deletes",
+                "report_pending",
+            ):
                 out[key] = value == "1"
             elif key == "sample":
                 out[key] = json.loads(value)
@@ -294,6 +304,10 @@ class RunStore:
     def update(self, run_id: str, **fields: Any) -> None:
         """Set plain fields (not counters) on an existing run."""
         self.redis.hset(self.run_key(run_id), mapping={k: _field(v) for k, v in fields.items()})
+
+    def clear(self, run_id: str, *fields: str) -> None:
+        """Remove plain fields from a run."""
+        self.redis.hdel(self.run_key(run_id), *fields)
 
     def take_lease(self, run_id: str, seconds: float) -> str | None:
         """Take the sweep lease of ``run_id`` for ``seconds``; its fencing token, or None.

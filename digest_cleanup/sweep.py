@@ -522,6 +522,8 @@ def start(
         enqueue(run_id)
         return Started(run_id, action, "running")
     run = store.get(run_id)
+    if run.finished and run.fields.get("report_pending") == "1":
+        finish_run(runtime, run_id)  # its report could not be written before; try again
     if (
         run.status == "running"
         and run.fields.get("sweep_done") != "1"

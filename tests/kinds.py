@@ -47,3 +47,16 @@ class UnpreparableKind(KillerKind):
 
     def prepare(self) -> None:
         raise RuntimeError("the config profile (missing-profile) could not be found")
+
+
+class BrokenKind(KillerKind):
+    """Lists like :class:`KillerKind`, but its scope check raises on every batch.
+
+    That is where a dropped PostgreSQL table surfaces (the key type lookup), before
+    anything is deleted.
+    """
+
+    name = "broken"
+
+    def out_of_scope(self, item: str) -> str | None:
+        raise RuntimeError('relation "snapshots" does not exist')

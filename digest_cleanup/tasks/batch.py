@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from celery import shared_task
 from celery.exceptions import Reject, Retry
 
-from digest_cleanup.attempts import process
-from digest_cleanup.batches import BatchPayload
+from digest_cleanup.attempts import give_up, process
+from digest_cleanup.batches import BatchPayload, backoff
 from digest_cleanup.tasks.base import HIDDEN_KWARGS, CleanupTask, DeadLettered
 
 
@@ -37,12 +38,21 @@ class _TaskPublisher:
 def delete_batch(self: CleanupTask, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """Delete one batch; retries and dead letters are published by :func:`process`."""
     raw: Any = kwargs if not args else {"positional": list(args)[:3], **kwargs}
+    publisher = _TaskPublisher(self)
     try:
-        report = process(self.runtime, raw, self.request.id or "", _TaskPublisher(self))
+        report = process(self.runtime, raw, self.request.id or "", publisher)
+    except redis.RedisError as exc:
+        # The run store is unreachable, so nothing can be decided or recorded: hand
+        # the message back.  Redis is also the broker, so nothing loops meanwhile.
+        raise Reject(f"run store unavailable: {exc}", requeue=True) from exc
     except Exception as exc:
-        # Anything unexpected (a Redis blip, a bug in a kind) must not ack the
-        # message: put it back.  The delivery cap dead-letters it if it keeps failing.
-        raise Reject(f"{type(exc).__name__}: {exc}", requeue=True) from exc
+        # Anything else (a dropped table, a database down, a bug in a kind) counts as
+        # a delivery: retried with backoff, and dead-lettered past the cap.
+        settings = self.runtime.settings
+        deliveries = self.request.retries + 1
+        if deliveries < settings.max_deliveries:
+            raise self.retry(countdown=backoff(self.request.retries, settings), exc=exc) from exc
+        report = give_up(self.runtime, raw, exc, deliveries, publisher)
     summary = report.as_dict()
     if report.entry_id and report.status in ("dead_lettered", "poison"):
         raise DeadLettered(

@@ -68,6 +68,9 @@ _NO_BODY_STATUSES = frozenset({http.client.NO_CONTENT, http.client.NOT_MODIFIED}
 _S3_XMLNS = "http://s3.amazonaws.com/doc/2006-03-01/"
 _SELF_CLOSED_RESULT = re.compile(rb"(<DeleteResult\b[^>]*?)\s*/>")
 _XML_DECLARATION = b'<?xml version="1.0" encoding="UTF-8"?>\n'
+_ACCESS_DENIED_BODY = (
+    _XML_DECLARATION + b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+)
 _SLOWDOWN_BODY = (
     _XML_DECLARATION
     + b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
@@ -286,6 +289,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             if proxy._stopping.wait(delay):
                 self._drop_connection()
                 return
+        deny_puts = proxy.deny_puts_under
+        if deny_puts and self.command == "PUT" and urlsplit(self.path).path.startswith(deny_puts):
+            proxy._count_fault("put_denied")
+            self._reply(http.client.FORBIDDEN, _ACCESS_DENIED_BODY, [])
+            return
         if self.command == "POST" and "delete" in parse_qs(
             urlsplit(self.path).query, keep_blank_values=True
         ):
@@ -481,6 +489,9 @@ class FaultProxy:
     * ``delay`` - seconds to wait before handling each request (a slow S3).
     * ``deny_keys`` - keys that DeleteObjects must not delete: they come back as
       per-key ``AccessDenied`` errors, while the other keys are deleted upstream.
+    * ``deny_puts_under`` - a path (``/bucket/prefix``) under which every PUT is
+      answered ``403 AccessDenied`` and not forwarded, as for a role that may not
+      write there.
     * ``strip_conditions`` - delete conditions (DeleteObjects' per-object ``<ETag>``,
       DeleteObject's ``If-Match``) are dropped before forwarding, as by a server
       that ignores them without saying so.
@@ -521,6 +532,8 @@ class FaultProxy:
         self._deny_keys: frozenset[str] = frozenset()
         #: Drop delete conditions before forwarding (see the class docstring).
         self.strip_conditions = False
+        #: Refuse every PUT under this path (see the class docstring); "" refuses none.
+        self.deny_puts_under = ""
         self._requests_total = 0
         self._delete_requests = 0
         self._deleted_key_counts: collections.Counter[str] = collections.Counter()
@@ -640,6 +653,7 @@ class FaultProxy:
         self.down = False
         self.deny_keys = frozenset()
         self.strip_conditions = False
+        self.deny_puts_under = ""
 
     # -- counters
 

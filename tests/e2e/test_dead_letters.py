@@ -205,6 +205,32 @@ def test_a_batch_whose_worker_dies_on_every_delivery_is_dead_lettered_as_worker_
     assert worker.alive()  # the pool replaced its children; the worker itself kept going
 
 
+def test_a_batch_whose_checks_raise_on_every_delivery_is_dead_lettered_after_the_cap(make_stack):
+    # Given a target whose every batch raises before anything is deleted (a dropped table)
+    stack = make_stack(
+        '[targets.broken]\nkind = "tests.kinds:BrokenKind"\nretention_days = 0\n'
+        'schedule = "0 3 * * 0"\n',
+        env={"CLEANUP_MAX_DELIVERIES": "3"},
+    )
+    worker = stack.worker(concurrency=1)
+
+    # When its run is started
+    result = stack.cli("run", "broken", "--wait", "--json", "--timeout", "120")
+
+    # Then after 3 deliveries, with backoff between them, the batch is dead-lettered whole
+    run = result.json()
+    assert run["status"] == "complete_with_failures", result
+    assert run["dead_lettered"] == 3
+    (entry,) = _entries(stack)
+    assert entry["reason"] == "worker_error"
+    assert "3 deliveries failed" in entry["message"]
+    assert 'relation "snapshots" does not exist' in entry["message"]
+    assert sorted(k["key"] for k in entry["keys"]) == ["doomed/0", "doomed/1", "doomed/2"]
+    assert entry["redrivable"]
+    assert worker.output().count("Retry in") == 2
+    assert worker.alive()
+
+
 def test_run_report_is_written_to_the_audit_location_and_adds_up(make_stack, s3, bucket, proxy):
     # Given an audit location and a run where 3 keys are denied
     s3.create_bucket(Bucket=f"{bucket}-audit")
@@ -230,6 +256,45 @@ def test_run_report_is_written_to_the_audit_location_and_adds_up(make_stack, s3,
     rows = s3.get_object(Bucket=f"{bucket}-audit", Key=prefix + "not_deleted.jsonl")["Body"].read()
     lines = [json.loads(line) for line in rows.decode().splitlines()]
     assert {(r["key"], r["code"]) for r in lines} == {(k, "AccessDenied") for k in KEYS[1:4]}
+
+
+def test_a_report_that_cannot_be_written_stays_pending_and_is_written_later(
+    make_stack, s3, bucket, proxy
+):
+    # Given a run whose audit location refuses writes (a role missing s3:PutObject there)
+    s3.create_bucket(Bucket=f"{bucket}-audit")
+    cutoff = seed_split(s3, bucket, KEYS[:600], [])
+    proxy.deny_puts_under = f"/{bucket}-audit/"
+    stack = make_stack(
+        s3_targets(bucket), env={"CLEANUP_AUDIT_URL": f"s3://{bucket}-audit/reports/"}
+    )
+    stack.worker()
+
+    # When the run ends
+    run = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json").json()
+
+    # Then it keeps its final state, and its status says the report is pending, and why
+    assert (run["status"], run["deleted"]) == ("complete", 600)
+    assert run["report_pending"] is True
+    assert "AccessDenied" in run["report_error"]
+    assert proxy.faults_injected["put_denied"] >= 1
+
+    # When the cause is fixed and the report is asked for again
+    proxy.deny_puts_under = ""
+    written = stack.cli("report", run["run_id"], "--json")
+
+    # Then it is written, and nothing was counted again
+    assert written.code == 0, written
+    after = written.json()
+    assert after["report_pending"] is False
+    assert "report_error" not in after
+    for counter in ("expired", "deleted", "skipped", "dead_lettered", "batches_done"):
+        assert after[counter] == run[counter], counter
+    prefix = f"reports/statements/{run['run_id']}/"
+    summary = json.loads(
+        s3.get_object(Bucket=f"{bucket}-audit", Key=prefix + "summary.json")["Body"].read()
+    )
+    assert (summary["status"], summary["deleted"]) == ("complete", 600)
 
 
 def test_purge_leaves_an_audit_record(make_stack, s3, bucket, proxy):
