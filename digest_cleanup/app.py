@@ -93,10 +93,9 @@ def runtime_of(app: Any) -> Runtime:
 
 def dead_letter_queue(runtime: Runtime) -> DeadLetterQueue:
     return DeadLetterQueue(
-        runtime.redis,
+        runtime.store,
         queue=runtime.settings.dead_letter_queue,
         work_queue=BATCH_QUEUE,
-        key_prefix=runtime.settings.key_prefix,
     )
 
 

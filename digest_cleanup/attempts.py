@@ -330,12 +330,14 @@ def _poison(
         reason=poison.code,
         dead_lettered=kwargs["dead_letter"]["item_count"],
     )
-    # A genuine batch turned poison (say the target's prefix changed mid-run) must
-    # still end, or its run would wait for it forever; a forged one counts nothing.
+    # A genuine batch that got corrupted must still end, or its run would wait for
+    # it forever; one of another incarnation, or a forged one, counts nothing.
     raw_map: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    run = runtime.store.find(report.run_id) if report.run_id else None
     if (
-        report.run_id
+        run is not None
         and report.batch_id
+        and run.fields.get("token", "") == raw_map.get("run_token")
         and runtime.store.is_pending(report.run_id, report.batch_id)
     ):
         report.recorded = runtime.store.record(

@@ -296,10 +296,7 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> int:
     }
     # Metrics read the last verify; a verify without Redis still answers.
     with contextlib.suppress(redis.RedisError):
-        ctx.runtime.redis.hset(
-            ctx.runtime.store.key("target", target.name, "verify"),
-            mapping={k: str(v) for k, v in data.items()},
-        )
+        ctx.runtime.store.save_verify(target.name, data)
     if args.json:
         _print_json(data)
     else:

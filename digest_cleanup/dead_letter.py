@@ -27,11 +27,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import redis
-
 from digest_cleanup.batches import MAX_ITEM_LENGTH, BatchPayload
 from digest_cleanup.errors import DeadLetterError
 from digest_cleanup.kinds import ItemResult
+from digest_cleanup.runs import RunStore
 
 #: What a failed run's message gains when its dead letters are redriven.
 FAILED_RUN_NOTE = (
@@ -213,20 +212,22 @@ class DeadLetterQueue:
 
     def __init__(
         self,
-        client: redis.Redis,
+        runs: RunStore,
         *,
         queue: str,
         work_queue: str,
-        key_prefix: str,
         work_exchange: str = "",
         work_routing_key: str = "",
     ) -> None:
+        #: The run store, whose keys a redrive moves its entry's counters in.
+        self.runs = runs
+        client = runs.redis
         self.redis = client
         self.queue = queue
         self.work_queue = work_queue
         self.work_exchange = work_exchange or work_queue
         self.work_routing_key = work_routing_key or work_queue
-        self.key_prefix = key_prefix
+        self.key_prefix = runs.prefix
         self._redrive = client.register_script(_REDRIVE_LUA)
         self._purge = client.register_script(_PURGE_LUA)
 
@@ -290,8 +291,8 @@ class DeadLetterQueue:
             keys=[
                 self.queue,
                 self.work_queue,
-                f"{self.key_prefix}:run:{entry.run_id}",
-                f"{self.key_prefix}:run:{entry.run_id}:pending",
+                self.runs.run_key(entry.run_id),
+                self.runs.run_key(entry.run_id, "pending"),
             ],
             args=[
                 entry.id,

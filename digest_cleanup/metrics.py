@@ -137,7 +137,6 @@ class RunStateCollector:
 
     def _read(self, target: str) -> TargetState:
         store = self.runtime.store
-        client = store.redis
         run_id = store.latest(target)
         run = store.find(run_id) if run_id else None
         pending: list[tuple[str, float]] = []
@@ -146,17 +145,14 @@ class RunStateCollector:
             retried = store.retried_codes(run.run_id)
             if run.status == "running":
                 pending = store.pending(run.run_id)
-        latency = client.hgetall(store.key("latency", target))
-        success = client.get(store.key("target", target, "last_success"))
-        verify = client.hgetall(store.key("target", target, "verify"))
         return TargetState(
             target=target,
             run=run,
             pending=pending,
             retried_codes=retried,
-            latency={_text(k): _text(v) for k, v in latency.items()},
-            last_success=None if success is None else _text(success),
-            verify={_text(k): _text(v) for k, v in verify.items()},
+            latency=store.latency(target),
+            last_success=store.last_success(target),
+            verify=store.last_verify(target),
         )
 
 

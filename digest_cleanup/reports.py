@@ -26,7 +26,7 @@ def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:
     summary = run.as_dict()
     target = summary["target"]
     if run.status == "complete" and not summary.get("dry_run"):
-        store.redis.set(store.key("target", target, "last_success"), now_iso())
+        store.mark_success(target)
     summary["retries_by_code"] = store.retry_codes(run_id)
     summary["accounting"] = {
         "expired": summary["expired"],

@@ -501,6 +501,44 @@ class RunStore:
             pipe.expire(self.run_key(run_id, suffix), RUN_TTL_SECONDS)
         pipe.execute()
 
+    def claim_slot(self, target: str, slot: str, holder: str, seconds: int) -> bool:
+        """Claim a target's scheduled slot for ``holder`` (a trigger's task id), once.
+
+        True for the first claim and for the same holder again (its redelivery must
+        still start the run); False when another holder has it.
+        """
+        key = self.key("slot", target, slot)
+        if self.redis.set(key, holder, nx=True, ex=seconds):
+            return True
+        return self.redis.get(key) == holder.encode()
+
+    def release_slot(self, target: str, slot: str, holder: str) -> None:
+        """Free a slot claim, if ``holder`` still has it (its run could not start)."""
+        self._release(keys=[self.key("slot", target, slot)], args=[holder])
+
+    def mark_success(self, target: str) -> None:
+        """Record now as the target's last complete run."""
+        self.redis.set(self.key("target", target, "last_success"), now_iso())
+
+    def last_success(self, target: str) -> str | None:
+        raw = self.redis.get(self.key("target", target, "last_success"))
+        return None if raw is None else _text(raw)
+
+    def latency(self, target: str) -> dict[str, str]:
+        """The target's enqueue-to-acknowledgement histogram (bucket -> count, sum, count)."""
+        raw = self.redis.hgetall(self.key("latency", target))
+        return {_text(k): _text(v) for k, v in raw.items()}
+
+    def save_verify(self, target: str, result: Mapping[str, Any]) -> None:
+        """Keep the target's latest ``verify`` result, which the metrics read."""
+        self.redis.hset(
+            self.key("target", target, "verify"), mapping={k: str(v) for k, v in result.items()}
+        )
+
+    def last_verify(self, target: str) -> dict[str, str]:
+        raw = self.redis.hgetall(self.key("target", target, "verify"))
+        return {_text(k): _text(v) for k, v in raw.items()}
+
     def latest(self, target: str) -> str | None:
         raw = self.redis.get(self.key("target", target, "latest"))
         return None if raw is None else _text(raw)

@@ -17,8 +17,6 @@ from digest_cleanup.tasks.base import CleanupTask
 
 #: How long a beat's claim on a slot is kept: past the catch-up window.
 SLOT_CLAIM_SECONDS = int(CATCH_UP_WINDOW.total_seconds()) + 86_400
-#: Delete a slot claim only if this trigger still holds it.
-_RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
 
 
 @shared_task(bind=True, base=CleanupTask, name="digest_cleanup.sweep")
@@ -58,13 +56,11 @@ def trigger(
     slot = tgt.last_slot(at)
     if catch_up and at - slot > CATCH_UP_WINDOW:
         return {"target": target, "slot": slot.isoformat(), "action": "too_old"}
-    claim = runtime.store.key("slot", target, slot.strftime("%Y%m%dT%H%MZ"))
-    token = self.request.id or uuid.uuid4().hex
+    slot_name = slot.strftime("%Y%m%dT%H%MZ")
+    holder = self.request.id or uuid.uuid4().hex
     # The claim holds the task id: a redelivery of this very message (its worker died
     # between claiming and starting) must still start the run, or the slot is skipped.
-    if not runtime.redis.set(claim, token, nx=True, ex=SLOT_CLAIM_SECONDS) and (
-        runtime.redis.get(claim) != token.encode()
-    ):
+    if not runtime.store.claim_slot(target, slot_name, holder, SLOT_CLAIM_SECONDS):
         return {"target": target, "slot": slot.isoformat(), "action": "already_claimed"}
     try:
         started = start(
@@ -77,12 +73,12 @@ def trigger(
     except CutoffError as exc:
         # A trigger whose ``now`` lies ahead of this worker's clock (sent by hand,
         # say through Flower's API) would delete inside the retention window.
-        runtime.redis.eval(_RELEASE_LUA, 1, claim, token)
+        runtime.store.release_slot(target, slot_name, holder)
         return {"target": target, "slot": slot.isoformat(), "action": "refused", "reason": str(exc)}
     except Exception:
         # A claimed slot without a run would be skipped: free it for the next trigger.
         # The run id is keyed on the slot, so a later start cannot double the run.
-        runtime.redis.eval(_RELEASE_LUA, 1, claim, token)
+        runtime.store.release_slot(target, slot_name, holder)
         raise
     return {
         "target": target,
