@@ -51,11 +51,22 @@ def write_report(
 
 def write_purge(settings: Settings, at: str, records: Sequence[Mapping[str, Any]]) -> str | None:
     """Keep a ``dlq purge``'s audit records under ``purges/``; return the object's URL."""
+    return _write_records(settings, "purges", at, records)
+
+
+def write_abort(settings: Settings, at: str, record: Mapping[str, Any]) -> str | None:
+    """Keep an ``abort``'s audit record under ``aborts/``; return the object's URL."""
+    return _write_records(settings, "aborts", at, [record])
+
+
+def _write_records(
+    settings: Settings, folder: str, at: str, records: Sequence[Mapping[str, Any]]
+) -> str | None:
     location = _location(settings)
     if location is None or not records:
         return None
     bucket, prefix = location
-    key = f"{prefix}purges/{at.replace(':', '')}.json"
+    key = f"{prefix}{folder}/{at.replace(':', '')}.json"
     _client(settings).put_object(
         Bucket=bucket,
         Key=key,

@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     p.add_argument("--watch", action="store_true", help="follow the run live until it ends")
 
+    p = add("abort", cmd_abort, "end a stuck running run as failed, leaving an audit record")
+    p.add_argument("run_id")
+    p.add_argument("--reason", required=True, help="why, for the audit record")
+    p.add_argument("--yes", action="store_true", help="required: confirm the abort")
+
     p = add("report", cmd_report, "write a finished run's audit report again (one left pending)")
     p.add_argument("run_id")
 
@@ -241,6 +246,33 @@ def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
         run = progress.wait(ctx.runtime.store, args.run_id, show=not args.json)
     data = run.as_dict()
     data["retries_by_code"] = ctx.runtime.store.retry_codes(args.run_id)
+    return _show_run(data, args.json)
+
+
+def cmd_abort(args: argparse.Namespace, ctx: Context) -> int:
+    """Fail a running run on purpose; its next trigger lists the target afresh."""
+    from digest_cleanup import audit
+    from digest_cleanup.app import dead_letter_queue
+    from digest_cleanup.dead_letter import who
+    from digest_cleanup.reports import finish_run
+    from digest_cleanup.runs import now_iso
+
+    if not args.yes:
+        raise UsageError("abort ends the run as failed; look at 'status RUN' first, then add --yes")
+    ctx.ping()
+    store = ctx.runtime.store
+    before = store.get(args.run_id).as_dict()
+    message = f"aborted by {who()}: {args.reason}"
+    result = store.abort(args.run_id, message)
+    if result != "aborted":
+        raise UsageError(f"run {args.run_id} is {result}, not running: nothing to abort")
+    at = now_iso()
+    record = {"action": "abort", "at": at, "by": who(), "command": "digest-cleanup " +
+              shlex.join(sys.argv[1:]), "reason": args.reason, "run": before}  # fmt: skip
+    dead_letter_queue(ctx.runtime).log_action(record)
+    kept = audit.write_abort(ctx.settings, at, record)
+    finish_run(ctx.runtime, args.run_id)
+    data = store.get(args.run_id).as_dict() | {"audit_record": record, "audit_url": kept}
     return _show_run(data, args.json)
 
 

@@ -314,7 +314,7 @@ class DeadLetterQueue:
             record = {
                 "action": "purge",
                 "at": _iso_now(),
-                "by": _who(),
+                "by": who(),
                 "command": command,
                 "entry": entry.as_dict(),
             }
@@ -324,6 +324,10 @@ class DeadLetterQueue:
             if int(removed):
                 records.append(record)
         return records
+
+    def log_action(self, record: Mapping[str, Any]) -> None:
+        """Add an operator's action (an abort, say) to the audit log purges write to."""
+        self.redis.lpush(f"{self.key_prefix}:audit", json.dumps(record))
 
     def audit_log(self, limit: int = 100) -> list[dict[str, Any]]:
         raw = self.redis.lrange(f"{self.key_prefix}:audit", 0, limit - 1)
@@ -365,7 +369,8 @@ def _iso_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _who() -> str:
+def who() -> str:
+    """``user@host`` of the operator, for audit records."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

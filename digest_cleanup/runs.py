@@ -158,6 +158,17 @@ return 'recorded'
 
 _RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
 
+_ABORT_LUA = """
+local run = KEYS[1]
+if redis.call('EXISTS', run) == 0 then return 'missing' end
+local status = redis.call('HGET', run, 'status')
+if status ~= 'running' then return status end
+redis.call('HSET', run, 'status', 'failed', 'reason', 'aborted', 'message', ARGV[1],
+           'ended_at', ARGV[2], 'sweep_done', 1)
+redis.call('DEL', KEYS[2])
+return 'aborted'
+"""
+
 _FAIL_LUA = """
 local run = KEYS[1]
 if redis.call('EXISTS', run) == 0 then return 0 end
@@ -261,6 +272,7 @@ class RunStore:
         self._fail = client.register_script(_FAIL_LUA)
         self._delivery = client.register_script(_DELIVERY_LUA)
         self._release = client.register_script(_RELEASE_LUA)
+        self._abort = client.register_script(_ABORT_LUA)
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -465,6 +477,19 @@ class RunStore:
     def fail(self, run_id: str, reason: str, message: str) -> bool:
         """End a run as ``failed`` with a short reason code and a sentence for humans."""
         return bool(self._fail(keys=[self.run_key(run_id)], args=[reason, message, now_iso()]))
+
+    def abort(self, run_id: str, message: str) -> str:
+        """End a running run as ``failed`` (``aborted``), taking its sweep lease away.
+
+        Returns ``aborted``, ``missing``, or the status of a run that was not running
+        (which is left as it was).  Batches still in flight are recorded as usual
+        but cannot reopen it; the run's next trigger starts it over.
+        """
+        result = self._abort(
+            keys=[self.run_key(run_id), self.run_key(run_id, "sweep_lease")],
+            args=[message, now_iso()],
+        )
+        return _text(result)
 
     def retry_codes(self, run_id: str) -> dict[str, int]:
         raw = self.redis.hgetall(self.run_key(run_id, "retry_codes"))
