@@ -24,6 +24,8 @@ STARTUP_ATTEMPTS = 3
 STARTUP_RETRY_SECONDS = 1.0
 #: Seconds one connection attempt may take: an unroutable host must not hang the start.
 CONNECT_TIMEOUT = 3.0
+#: The only ``maxmemory-policy`` under which Redis never drops a queued batch or run state.
+SAFE_EVICTION_POLICY = "noeviction"
 
 
 def safe_url(url: str) -> str:
@@ -49,7 +51,7 @@ def ssl_options(url: str) -> dict[str, Any] | None:
         return None
     if any(name.startswith("ssl_") for name in parse_qs(parts.query)):
         return None
-    return {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_check_hostname": True}
 
 
 def unreachable(settings: Settings, attempts: int = STARTUP_ATTEMPTS) -> str | None:
@@ -61,7 +63,7 @@ def unreachable(settings: Settings, attempts: int = STARTUP_ATTEMPTS) -> str | N
         for attempt in range(1, attempts + 1):
             try:
                 client.ping()
-                return None
+                return eviction_problem(client, settings.broker_url)
             except redis.AuthenticationError as exc:
                 # Retrying cannot fix a wrong password or ACL user.
                 return _problem(settings, f"authentication failed ({exc})")
@@ -72,6 +74,34 @@ def unreachable(settings: Settings, attempts: int = STARTUP_ATTEMPTS) -> str | N
     finally:
         client.close()
     raise AssertionError("unreachable: the last attempt returns")
+
+
+def eviction_policy(client: redis.Redis) -> str | None:
+    """Redis's ``maxmemory-policy``, or None where CONFIG is not allowed (managed Redis)."""
+    try:
+        raw = client.config_get("maxmemory-policy")
+    except redis.ResponseError:
+        return None
+    return str(raw.get("maxmemory-policy", "")) or None
+
+
+def eviction_problem(client: redis.Redis, url: str) -> str | None:
+    """Why this Redis may not serve as broker and run store, or None.
+
+    An evicting Redis drops queued batches and run state under memory pressure,
+    silently: runs would end with keys never deleted and nothing to say so.  A
+    Redis that hides its configuration cannot be checked here; ``digest-cleanup
+    check`` warns about it.
+    """
+    policy = eviction_policy(client)
+    if policy is None or policy == SAFE_EVICTION_POLICY:
+        return None
+    return (
+        f"the Redis at CLEANUP_BROKER_URL={safe_url(url)} has maxmemory-policy {policy}, so "
+        "it may evict queued batches and run state under memory pressure; set "
+        f"maxmemory-policy {SAFE_EVICTION_POLICY} (redis.conf, or CONFIG SET "
+        f"maxmemory-policy {SAFE_EVICTION_POLICY})"
+    )
 
 
 def _problem(settings: Settings, reason: str) -> str:

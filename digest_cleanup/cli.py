@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from digest_cleanup.broker import safe_url
+from digest_cleanup.broker import eviction_problem, safe_url
 from digest_cleanup.errors import CleanupError, ConfigError, UsageError
 from digest_cleanup.settings import Settings
 
@@ -49,13 +49,17 @@ class Context:
         return self._app
 
     def ping(self) -> None:
+        """Fail unless Redis answers and cannot evict the run state."""
         try:
             self.runtime.redis.ping()
+            problem = eviction_problem(self.runtime.redis, self.settings.broker_url)
         except redis.RedisError as exc:
             raise CleanupError(
                 f"cannot reach Redis at CLEANUP_BROKER_URL={safe_url(self.settings.broker_url)}: "
                 f"{exc}; start Redis or fix CLEANUP_BROKER_URL"
             ) from None
+        if problem:
+            raise ConfigError(problem)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,14 +14,11 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from digest_cleanup.broker import safe_url
+from digest_cleanup import broker
 from digest_cleanup.kinds import Finding
 
 if TYPE_CHECKING:
     from digest_cleanup.cli import Context
-
-#: The only ``maxmemory-policy`` under which Redis never drops a queued batch or run state.
-SAFE_EVICTION_POLICY = "noeviction"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -53,21 +50,17 @@ def redis_eviction(client: redis.Redis, url: str) -> Finding:
     """Whether Redis may evict keys (queued batches, run state) under memory pressure."""
     name = "redis eviction policy"
     try:
-        raw = client.config_get("maxmemory-policy")
-    except redis.ResponseError as exc:  # CONFIG is often disabled on managed Redis
+        policy = broker.eviction_policy(client)
+        problem = broker.eviction_problem(client, url)
+    except redis.RedisError as exc:
+        return Finding(name, "problem", f"cannot reach Redis at {broker.safe_url(url)}: {exc}")
+    if policy is None:
         return Finding(
             name,
             "warning",
-            f"could not read maxmemory-policy ({exc}); make sure it is {SAFE_EVICTION_POLICY}",
+            "could not read maxmemory-policy (CONFIG is not allowed); make sure it is "
+            f"{broker.SAFE_EVICTION_POLICY}",
         )
-    except redis.RedisError as exc:
-        return Finding(name, "problem", f"cannot reach Redis at {safe_url(url)}: {exc}")
-    policy = str(raw.get("maxmemory-policy", "?"))
-    if policy == SAFE_EVICTION_POLICY:
-        return Finding(name, "ok", f"maxmemory-policy is {policy}")
-    return Finding(
-        name,
-        "problem",
-        f"maxmemory-policy is {policy}: Redis may drop queued batches and run state under "
-        f"memory pressure; set maxmemory-policy {SAFE_EVICTION_POLICY}",
-    )
+    if problem:
+        return Finding(name, "problem", problem)
+    return Finding(name, "ok", f"maxmemory-policy is {policy}")

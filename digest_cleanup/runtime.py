@@ -42,8 +42,10 @@ class Runtime:
 
     @cached_property
     def redis(self) -> redis.Redis:
+        tls = {"ssl_check_hostname": True} if self.settings.broker_url.startswith("rediss:") else {}
         return redis.Redis.from_url(
             self.settings.broker_url,
+            **tls,
             socket_timeout=30,
             socket_connect_timeout=5,
             health_check_interval=30,

@@ -151,10 +151,28 @@ def test_tls_without_the_ca_is_refused_by_both_clients(tmp_path, tls_acl_redis):
         conn.ensure_connection(max_retries=1)
 
 
+def test_tls_to_a_host_the_certificate_does_not_name_is_refused_by_both_clients(
+    tmp_path, tls_acl_redis
+):
+    # Given the TLS Redis reached by a name its certificate does not carry (it names
+    # 127.0.0.1 only), with the right CA: a valid certificate for another host
+    settings = Settings(broker_url=tls_acl_redis.url.replace("@127.0.0.1:", "@localhost:"))
+
+    # Then the run store's client refuses it for the hostname
+    with pytest.raises(redis.ConnectionError, match=r"(?i)hostname|match"):
+        Runtime(settings).redis.ping()
+    # and so does the broker connection
+    with (
+        create_app(settings).connection_for_write() as conn,
+        pytest.raises(Exception, match=r"(?i)hostname|match"),
+    ):
+        conn.ensure_connection(max_retries=1)
+
+
 @pytest.mark.parametrize(
     ("query", "expected"),
     [
-        ("", {"ssl_cert_reqs": ssl.CERT_REQUIRED}),
+        ("", {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_check_hostname": True}),
         (
             "?ssl_cert_reqs=required&ssl_ca_certs=/etc/ca.pem",
             {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": "/etc/ca.pem"},
@@ -176,3 +194,27 @@ def test_rediss_urls_verify_the_server_in_the_broker_and_the_run_store(query, ex
     assert pool.connection_kwargs.get("ssl_cert_reqs", "required") == "required"
     if "ssl_ca_certs" in expected:
         assert pool.connection_kwargs["ssl_ca_certs"] == expected["ssl_ca_certs"]
+
+
+def test_workers_and_the_cli_refuse_a_redis_that_may_evict(make_stack, redis_client, bucket):
+    # Given a Redis whose maxmemory-policy may evict keys under memory pressure
+    redis_client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        stack = make_stack(s3_targets(bucket))
+
+        # When a worker starts, and the CLI is used
+        worker = stack.worker(ready=False)
+        code = worker.proc.wait(60)
+        listed = stack.cli("runs")
+        checked = stack.cli("check", "statements", "--json")
+    finally:
+        redis_client.config_set("maxmemory-policy", "noeviction")
+
+    # Then both refuse, naming the setting and the fix
+    assert code == 2, worker.output()
+    assert "maxmemory-policy allkeys-lru" in worker.output()
+    assert "set maxmemory-policy noeviction" in worker.output()
+    assert listed.code == 2
+    assert "maxmemory-policy noeviction" in listed.stderr
+    findings = {f["check"]: f for f in checked.json()["findings"]}
+    assert findings["redis eviction policy"]["status"] == "problem"
