@@ -13,9 +13,11 @@ before it reaches a handler's stream:
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import re
+import secrets
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +28,8 @@ from digest_cleanup.settings import Settings
 #: Hex digits kept from the SHA-256 of a customer segment: enough to correlate
 #: lines about one customer, too few to be a lookup key on their own.
 HASH_DIGITS = 12
+#: The hash key of a process without ``CLEANUP_LOG_HASH_KEY``: random, never written out.
+_PROCESS_KEY = secrets.token_hex(32)
 #: Loggers held at INFO even in a worker started with ``--loglevel=DEBUG``: their
 #: DEBUG lines carry whole S3 requests and responses (every key of a batch, listing
 #: pages, continuation tokens that are keys, signing headers).
@@ -39,13 +43,16 @@ def redact(item: str, settings: Settings) -> str:
     """Hash the customer segment: ``s/2026-11-22/cust-42.pdf`` -> ``s/2026-11-22/h:1f2e...``.
 
     The segment is ``CLEANUP_LOG_HASH_SEGMENT`` (0-based, ``/``-separated); unset,
-    it is the last one, the file name, where digest keys carry the customer.
+    it is the last one, the file name, where digest keys carry the customer.  The
+    hash is keyed (HMAC-SHA256 with ``CLEANUP_LOG_HASH_KEY``): a bare hash of a
+    customer id is undone by hashing every possible id, a keyed one is not.
     """
     parts = item.split("/")
     index = len(parts) - 1 if settings.log_hash_segment is None else settings.log_hash_segment
     if index < len(parts) and parts[index] and not parts[index].startswith("h:"):
-        digest = hashlib.sha256(parts[index].encode()).hexdigest()[:HASH_DIGITS]
-        parts[index] = f"h:{digest}"
+        key = (settings.log_hash_key or _PROCESS_KEY).encode()
+        digest = hmac.new(key, parts[index].encode(), hashlib.sha256).hexdigest()
+        parts[index] = f"h:{digest[:HASH_DIGITS]}"
     return "/".join(parts)
 
 

@@ -64,6 +64,9 @@ class Settings:
     log_format: LogFormat = "text"
     #: Which ``/``-separated segment of an item holds a customer identifier (hashed in logs).
     log_hash_segment: int | None = None
+    #: The key of that hash (HMAC-SHA256).  Unset, each process draws a random one, so a
+    #: customer's lines correlate within one process only.
+    log_hash_key: str | None = dataclasses.field(default=None, repr=False)
     aws_access_key_id: str | None = dataclasses.field(default=None, repr=False)
     aws_secret_access_key: str | None = dataclasses.field(default=None, repr=False)
     aws_session_token: str | None = dataclasses.field(default=None, repr=False)
@@ -118,6 +121,7 @@ class Settings:
             audit_url=audit_url,
             log_format=log_format,  # type: ignore[arg-type]  # checked just above
             log_hash_segment=_optional_int(env, "CLEANUP_LOG_HASH_SEGMENT"),
+            log_hash_key=_log_hash_key(env),
             aws_access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
             aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
             aws_session_token=env.get("AWS_SESSION_TOKEN") or None,
@@ -142,6 +146,7 @@ class Settings:
         values keeps this module free of knowledge about targets.
         """
         found = [self.aws_secret_access_key, self.aws_session_token, self.aws_access_key_id]
+        found.append(self.log_hash_key)
         found.append(urlsplit(self.broker_url).password)
         for value in self.env.values():
             found.extend(connection_passwords(value))
@@ -193,6 +198,23 @@ def _check_broker_url(url: str) -> None:
         ) from exc
     if not parts.hostname:
         raise SettingsError("CLEANUP_BROKER_URL", "has no host", "use redis://host:port/db")
+
+
+#: The shortest ``CLEANUP_LOG_HASH_KEY`` accepted: 128 bits of hex.
+MIN_LOG_HASH_KEY_LENGTH = 32
+
+
+def _log_hash_key(env: Mapping[str, str]) -> str | None:
+    key = env.get("CLEANUP_LOG_HASH_KEY") or None
+    if key is not None and len(key) < MIN_LOG_HASH_KEY_LENGTH:
+        raise SettingsError(
+            "CLEANUP_LOG_HASH_KEY",
+            f"is {len(key)} characters; a short key lets anyone who can read the logs "
+            "recover customer ids by trying them all",
+            f"use at least {MIN_LOG_HASH_KEY_LENGTH}, e.g. the output of "
+            "'python3 -c \"import secrets; print(secrets.token_hex(32))\"'",
+        )
+    return key
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:

@@ -549,6 +549,18 @@ def test_compose_runs_one_beat_with_persistent_schedule(compose: dict[str, Any])
     assert "deploy" not in beat, "beat must not be replicated"
 
 
+def test_flower_listens_on_loopback_only_in_every_deployment(compose: dict[str, Any]) -> None:
+    service = parse_unit(SYSTEMD / "digest-cleanup-flower.service")["Service"]
+    supervised = (DEPLOY / "supervisor" / "digest-cleanup.conf").read_text()
+    flower_line = next(
+        line for line in supervised.splitlines() if line.startswith("command=") and "flower" in line
+    )
+
+    assert "--address=127.0.0.1" in service["ExecStart"][0]
+    assert "--address=127.0.0.1" in flower_line
+    assert compose["services"]["flower"]["ports"] == ["127.0.0.1:${FLOWER_PORT:-5555}:5555"]
+
+
 def test_compose_flower_requires_basic_auth(compose: dict[str, Any]) -> None:
     flower = compose["services"]["flower"]
     env = flower["environment"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import json
 import logging
@@ -10,12 +11,16 @@ from collections.abc import Iterator
 
 import pytest
 
+from digest_cleanup.errors import SettingsError
 from digest_cleanup.logs import Scrubber, install, item_prefixes, log_event, redact
 from digest_cleanup.settings import Settings
 from digest_cleanup.targets import parse_targets
 
 KEY = "statements/2026-11-22/cust-004217.pdf"
-CUSTOMER_HASH = "h:" + hashlib.sha256(b"cust-004217.pdf").hexdigest()[:12]
+HASH_KEY = "k" * 32
+CUSTOMER_HASH = (
+    "h:" + hmac.new(HASH_KEY.encode(), b"cust-004217.pdf", hashlib.sha256).hexdigest()[:12]
+)
 #: Secrets with characters that JSON and URLs escape, so every written form is checked.
 AWS_SECRET = 'wJalr"XUtn\\FEMI/K7MDENG+bPxRfiCY'
 REDIS_PASSWORD = "s3cr3t@redis:pw"  # written percent-encoded in the broker URL
@@ -27,6 +32,7 @@ def settings(**kw: object) -> Settings:
         "aws_access_key_id": "AKIAOPSLOGTEST0001",
         "aws_secret_access_key": AWS_SECRET,
         "log_hash_segment": 2,
+        "log_hash_key": HASH_KEY,
     }
     return Settings(**(base | kw))  # type: ignore[arg-type]
 
@@ -54,6 +60,23 @@ def test_redact_hashes_the_configured_segment_only():
     first = redact(KEY, settings(log_hash_segment=1))
     assert first.startswith("statements/h:")
     assert first.endswith("/cust-004217.pdf")
+
+
+def test_the_hash_is_keyed_so_trying_every_customer_id_does_not_undo_it():
+    bare = "h:" + hashlib.sha256(b"cust-004217.pdf").hexdigest()[:12]
+    other_key = settings(log_hash_key="o" * 32)
+
+    assert bare not in redact(KEY, settings())
+    assert redact(KEY, other_key) != redact(KEY, settings())
+    # without a key each process draws its own: still keyed, never the bare hash
+    assert bare not in redact(KEY, settings(log_hash_key=None))
+    assert redact(KEY, settings(log_hash_key=None)) == redact(KEY, settings(log_hash_key=None))
+
+
+def test_a_short_log_hash_key_is_refused_naming_the_setting():
+    with pytest.raises(SettingsError, match="CLEANUP_LOG_HASH_KEY"):
+        Settings.from_env({"CLEANUP_LOG_HASH_KEY": "short"})
+    assert "k" * 32 in Settings.from_env({"CLEANUP_LOG_HASH_KEY": "k" * 32}).secrets()
 
 
 def test_redact_hashes_the_last_segment_when_none_is_configured():
