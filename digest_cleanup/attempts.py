@@ -102,8 +102,8 @@ def _check(runtime: Runtime, payload: BatchPayload) -> TargetKind:
         raise RefusedBatch(
             "target_changed",
             f"the batch was listed under another configuration of target {target.name} "
-            f"(scope {payload.scope or 'unknown'}, now {kind.scope_digest}: bucket, prefix, "
-            "versions or endpoint changed); nothing was deleted. Put the configuration back "
+            f"(scope {payload.scope or 'unknown'}, now {kind.scope_digest}: bucket, prefix "
+            "or versions changed); nothing was deleted. Put the configuration back "
             "and redrive, or purge this entry: the target's next run lists it afresh",
         )
     # Scope first: a key outside the target is refused whatever else the message claims.

@@ -60,8 +60,8 @@ def refusal(runtime: Runtime, entry: Entry) -> Refusal | None:
         return Refusal(
             entry.id,
             "target_changed",
-            f"listed under another scope of target {target.name} (bucket, prefix, versions "
-            "or endpoint); put the configuration back to redrive, or purge the entry: the "
+            f"listed under another scope of target {target.name} (bucket, prefix or "
+            "versions); put the configuration back to redrive, or purge the entry: the "
             "target's next run lists its keys afresh",
         )
     try:

@@ -167,8 +167,8 @@ def _refusal(
         return "inside_retention", f"{exc}; the sweep stopped and published nothing more"
     if scope and scope != kind.scope_digest:
         return "target_changed", (
-            f"target {target.name}'s scope changed since the run started (bucket, prefix, "
-            "versions or endpoint); the sweep stopped, and its next trigger lists afresh"
+            f"target {target.name}'s scope changed since the run started (bucket, prefix "
+            "or versions); the sweep stopped, and its next trigger lists afresh"
         )
     return None
 

@@ -169,11 +169,11 @@ class S3Kind(TargetKind):
         return f"s3://{options.bucket}", options.prefix
 
     def scope(self) -> dict[str, Any]:
-        # The endpoint decides which store the bucket is in; conditional_deletes
-        # changes how a key is deleted, not which keys are the target's.
+        # Not the endpoint: hosts of one deployment may reach the same store by other
+        # URLs (a VPC endpoint, a relay), and their batches must still be accepted.
+        # Not conditional_deletes either: it changes how a key is deleted, not which.
         return {
             "kind": self.name,
-            "endpoint": self.settings.s3_endpoint_url or "",
             "bucket": self.options.bucket,
             "prefix": self.options.prefix,
             "versions": self.options.versions,

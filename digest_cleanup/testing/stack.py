@@ -158,10 +158,16 @@ class Stack:
         env: Mapping[str, str] | None = None,
         ready: bool = True,
         extra: Sequence[str] = (),
+        prefix: Sequence[str] = (),
     ) -> Process:
-        """Start ``celery -A digest_cleanup worker`` and wait until it is ready."""
+        """Start ``celery -A digest_cleanup worker`` and wait until it is ready.
+
+        ``prefix`` comes before the command, such as ``ip netns exec HOST`` to run
+        the worker on another (network-namespace) host.
+        """
         self._count += 1
         argv = [
+            *prefix,
             self.executable("celery"),
             "-A",
             "digest_cleanup",
