@@ -3,15 +3,28 @@
 Redis has no native dead-lettering, so an entry is an ordinary Celery message
 for ``digest_cleanup.delete_batch`` published to a queue no worker consumes.
 Its body is already the *redrive* of the failed items (next generation, first
-attempt), plus a ``dead_letter`` section saying why.  So:
+attempt), plus a ``dead_letter`` section saying why.
 
-* listing is ``LRANGE`` (peek: nothing consumed, nothing reordered);
+Workers only publish.  Every reader first *absorbs* what arrived: each message
+moves, in one script per message, from that queue into an index this module
+owns, a hash by entry id with an arrival-ordered set and a set per run and per
+target.  A list would make every redrive and purge scan the whole queue (50,000
+entries: the old ``LRANGE`` and ``LREM`` per entry took seconds); the index makes
+showing, redriving and purging one entry cost the same at any depth (see
+BENCHMARKS.md).  So:
+
+* listing reads the index (nothing consumed, nothing reordered);
 * redriving moves the message back onto the work queue, one entry per Lua
   script call, so a redrive that crashes halfway leaves each entry in exactly
-  one of the two queues, never in neither;
+  one of the two places, never in neither;
 * the run's counters move in the same script (``redriven`` up,
   ``dead_lettered`` down, the run back to ``running``), and the redriven batch
-  folds its outcome into its original run.
+  folds its outcome into its original run;
+* a message delivered twice is one entry with ``copies`` 2; two messages with
+  one id but different keys are both kept, the second as ``ID~HASH``.
+
+Nothing is ever dropped to keep the queue small: ``CLEANUP_DLQ_MAX_ENTRIES`` and
+``CLEANUP_DLQ_RETENTION_DAYS`` only raise an alert when reached.
 """
 
 from __future__ import annotations
@@ -19,6 +32,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import getpass
+import hashlib
 import json
 import socket
 import time
@@ -37,29 +51,114 @@ FAILED_RUN_NOTE = (
     "Its dead letters were redriven, but the run stays failed: trigger a new run to "
     "delete what it never listed."
 )
+#: Queued messages one absorbing script call moves at most: 50 of 500 keys each keep
+#: Redis busy for about 30 ms, a pause the workers sharing it do not notice.
+_ABSORB_BATCH = 50
+#: Entries read from Redis per round trip when listing.
+_LOAD_CHUNK = 500
 #: Items of a poison message kept in its entry; the rest are counted, not stored.
 POISON_ITEMS_KEPT = 50
 
-_REDRIVE_LUA = """
-local dlq, work, run, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local id, n, now_epoch, batch, now = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
-local exchange, routing_key = ARGV[6], ARGV[7]
-local moved = 0
-for _, raw in ipairs(redis.call('LRANGE', dlq, 0, -1)) do
+#: Where a message is filed: its id, or ``ID~HASH`` when that id already holds other
+#: keys.  Copies of one message differ only in their envelope (delivery tags), so
+#: bodies are compared, and a copy lands on the id it shares, to be counted there.
+_FILE_AS_LUA = """
+local function body_of(raw)
   local ok, msg = pcall(cjson.decode, raw)
-  if ok and type(msg) == 'table' and msg.headers and msg.headers.id == id then
-    redis.call('LREM', dlq, 1, raw)
-    if moved == 0 then
-      -- kombu restores an unacknowledged message to the queue its delivery_info
-      -- names, so point it at the work queue or a killed worker would send it back here.
-      msg.properties.delivery_info.exchange = exchange
-      msg.properties.delivery_info.routing_key = routing_key
-      redis.call('LPUSH', work, cjson.encode(msg))
-    end
-    moved = moved + 1
+  if ok and type(msg) == 'table' then return msg.body end
+  return raw
+end
+local function file_as(entries, id, raw)
+  local existing = redis.call('HGET', entries, id)
+  if not existing then return id end
+  local body = body_of(raw)
+  if body_of(existing) == body then return id end
+  return id .. '~' .. string.sub(redis.sha1hex(body), 1, 8)
+end
+"""
+
+#: Move the oldest queued message into the index, if it is still the one read.
+_ABSORB_LUA = (
+    _FILE_AS_LUA
+    + """
+local queue, entries, order, copies, stats, by_run, by_target = unpack(KEYS)
+local raw, id, now, keys = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+if redis.call('LINDEX', queue, -1) ~= raw then return 0 end
+redis.call('RPOP', queue)
+id = file_as(entries, id, raw)
+if redis.call('HSETNX', entries, id, raw) == 0 then
+  redis.call('HINCRBY', copies, id, 1)
+  return 1
+end
+redis.call('ZADD', order, now, id)
+redis.call('SADD', by_run, id)
+redis.call('SADD', by_target, id)
+redis.call('HINCRBY', stats, 'keys', keys)
+return 1
+"""
+)
+
+#: Move up to ARGV[1] queued messages that carry their index headers, oldest first;
+#: stops at the first without them, which :meth:`DeadLetterQueue.absorb` reads itself.
+_ABSORB_INDEXED_LUA = (
+    _FILE_AS_LUA
+    + """
+local queue, entries, order, copies, stats = unpack(KEYS)
+local limit, now, prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local moved = 0
+while moved < limit do
+  local raw = redis.call('LINDEX', queue, -1)
+  if not raw then break end
+  local ok, msg = pcall(cjson.decode, raw)
+  local h = ok and type(msg) == 'table' and msg.headers
+  if not (h and h.id and h.dc_run and h.dc_target and h.dc_keys) then break end
+  redis.call('RPOP', queue)
+  moved = moved + 1
+  local id = file_as(entries, h.id, raw)
+  if redis.call('HSETNX', entries, id, raw) == 0 then
+    redis.call('HINCRBY', copies, id, 1)
+  else
+    -- Index keys built here (a single Redis, not a cluster): one set per run and target.
+    redis.call('ZADD', order, now, id)
+    redis.call('SADD', prefix .. 'run:' .. h.dc_run, id)
+    redis.call('SADD', prefix .. 'target:' .. h.dc_target, id)
+    redis.call('HINCRBY', stats, 'keys', tonumber(h.dc_keys))
   end
 end
-if moved > 0 and n > 0 and redis.call('EXISTS', run) == 1 then
+return moved
+"""
+)
+
+#: Remove one entry from the index; shared by redrive and purge, with ``raw`` set.
+_TAKE_LUA = """
+local function take(entries, order, copies, stats, by_run, by_target, id, keys)
+  local raw = redis.call('HGET', entries, id)
+  if not raw then return nil end
+  redis.call('HDEL', entries, id)
+  redis.call('HDEL', copies, id)
+  redis.call('ZREM', order, id)
+  redis.call('SREM', by_run, id)
+  redis.call('SREM', by_target, id)
+  redis.call('HINCRBY', stats, 'keys', -keys)
+  return raw
+end
+"""
+
+_REDRIVE_LUA = (
+    _TAKE_LUA
+    + """
+local entries, order, copies, stats, by_run, by_target, work, run, pending = unpack(KEYS)
+local id, n, now_epoch, batch, now = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+local exchange, routing_key = ARGV[6], ARGV[7]
+local raw = take(entries, order, copies, stats, by_run, by_target, id, n)
+if not raw then return 0 end
+local msg = cjson.decode(raw)
+-- kombu restores an unacknowledged message to the queue its delivery_info
+-- names, so point it at the work queue or a killed worker would send it back here.
+msg.properties.delivery_info.exchange = exchange
+msg.properties.delivery_info.routing_key = routing_key
+redis.call('LPUSH', work, cjson.encode(msg))
+if n > 0 and redis.call('EXISTS', run) == 1 then
   redis.call('HINCRBY', run, 'redriven', n)
   redis.call('HINCRBY', run, 'dead_lettered', -n)
   redis.call('HINCRBY', run, 'inflight', 1)
@@ -77,21 +176,20 @@ if moved > 0 and n > 0 and redis.call('EXISTS', run) == 1 then
     redis.call('HDEL', run, 'ended_at', 'reason', 'message', 'finalized_at')
   end
 end
-return moved
+return 1
 """
+)
 
-_PURGE_LUA = """
-local dlq, audit = KEYS[1], KEYS[2]
-local removed = 0
-for _, raw in ipairs(redis.call('LRANGE', dlq, 0, -1)) do
-  local ok, msg = pcall(cjson.decode, raw)
-  if ok and type(msg) == 'table' and msg.headers and msg.headers.id == ARGV[1] then
-    removed = removed + redis.call('LREM', dlq, 1, raw)
-  end
-end
-if removed > 0 then redis.call('LPUSH', audit, ARGV[2]) end
-return removed
+_PURGE_LUA = (
+    _TAKE_LUA
+    + """
+local entries, order, copies, stats, by_run, by_target, audit = unpack(KEYS)
+local raw = take(entries, order, copies, stats, by_run, by_target, ARGV[1], tonumber(ARGV[3]))
+if not raw then return 0 end
+redis.call('LPUSH', audit, ARGV[2])
+return 1
 """
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +217,11 @@ class Entry:
     @property
     def items(self) -> list[str]:
         return self.payload.items if self.payload else list(self.info.get("items", []))
+
+    @property
+    def key_count(self) -> int:
+        """Keys the entry stands for (a poison entry keeps fewer than it counts)."""
+        return int(self.info.get("item_count", len(self.items)))
 
     @property
     def codes(self) -> set[str]:
@@ -181,6 +284,17 @@ def make_entry(
     )
 
 
+def index_headers(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The headers a dead-letter message carries so the index files it without decoding."""
+    info = kwargs.get("dead_letter", {})
+    count = info.get("item_count", len(kwargs.get("rest", [])))
+    return {
+        "dc_run": str(kwargs.get("run_id", "")),
+        "dc_target": str(kwargs.get("target", "")),
+        "dc_keys": int(count),
+    }
+
+
 def make_poison_entry(task_id: str, raw: Any, reason: str, message: str) -> dict[str, Any]:
     """An entry for a message that never decoded as a batch; kept small and not redrivable."""
     raw_map: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
@@ -228,27 +342,95 @@ class DeadLetterQueue:
         self.work_exchange = work_exchange or work_queue
         self.work_routing_key = work_routing_key or work_queue
         self.key_prefix = runs.prefix
+        self._absorb = client.register_script(_ABSORB_LUA)
+        self._absorb_indexed = client.register_script(_ABSORB_INDEXED_LUA)
         self._redrive = client.register_script(_REDRIVE_LUA)
         self._purge = client.register_script(_PURGE_LUA)
 
-    def depth(self) -> int:
-        return int(self.redis.llen(self.queue))
+    def _key(self, *parts: str) -> str:
+        return ":".join((self.key_prefix, "dlq", *parts))
 
-    def entries(self) -> list[Entry]:
-        """Every entry, oldest first, duplicates folded into one (``copies`` > 1)."""
-        seen: dict[str, Entry] = {}
-        # LPUSH publishes, so the oldest message is last: read back to front.
-        for raw in reversed(self.redis.lrange(self.queue, 0, -1)):
-            entry = _decode(raw)
-            if entry is None:
+    def _index_keys(self, run_id: str, target: str) -> list[str]:
+        """The index keys one entry lives in, in the scripts' order."""
+        return [
+            self._key("entries"),
+            self._key("order"),
+            self._key("copies"),
+            self._key("stats"),
+            self._key("run", run_id),
+            self._key("target", target),
+        ]
+
+    def absorb(self) -> int:
+        """Index every message workers published since the last read; returns how many.
+
+        One script per message, which moves it only if it is still the oldest one
+        queued: two readers absorbing at once never index a message twice or lose one.
+        """
+        moved = 0
+        indexed_keys = [self.queue, *self._index_keys("", "")[:4]]
+        while True:
+            # Messages that carry their index headers move in bulk, inside Redis.
+            step = int(self._absorb_indexed(
+                keys=indexed_keys, args=[_ABSORB_BATCH, time.time(), self._key("")]
+            ))  # fmt: skip
+            moved += step
+            raw = self.redis.lindex(self.queue, -1)
+            if raw is None:
+                return moved
+            if step:
                 continue
-            if entry.id in seen:
-                seen[entry.id] = dataclasses.replace(
-                    seen[entry.id], copies=seen[entry.id].copies + 1
-                )
-            else:
-                seen[entry.id] = entry
-        return list(seen.values())
+            # One without them (published by hand, or by an older release): read here.
+            entry = _decode(raw)
+            keys = [self.queue, *self._index_keys(entry.run_id, entry.target)]
+            args = [raw, entry.id, time.time(), entry.key_count]
+            moved += int(self._absorb(keys=keys, args=args))
+
+    def depth(self) -> int:
+        """Entries waiting for an operator."""
+        self.absorb()
+        return int(self.redis.hlen(self._key("entries")))
+
+    def stats(self) -> tuple[int, int, float | None]:
+        """(entries, keys, arrival time of the oldest entry) without decoding any entry."""
+        self.absorb()
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hlen(self._key("entries"))
+        pipe.hget(self._key("stats"), "keys")
+        pipe.zrange(self._key("order"), 0, 0, withscores=True)
+        count, keys, oldest = pipe.execute()
+        return int(count), int(keys or 0), float(oldest[0][1]) if oldest else None
+
+    def entries(self, *, run: str | None = None, target: str | None = None) -> list[Entry]:
+        """Entries oldest first, all of them or those of one run or target."""
+        self.absorb()
+        if run is not None or target is not None:
+            members = self.redis.smembers(
+                self._key("run", run) if run is not None else self._key("target", target or "")
+            )
+            ids = [_text(m) for m in members]
+            scores = self.redis.zmscore(self._key("order"), ids) if ids else []
+            ids = [i for _, i in sorted(zip((s or 0.0 for s in scores), ids, strict=True))]
+        else:
+            ordered: list[bytes] = self.redis.zrange(self._key("order"), 0, -1)  # type: ignore[assignment]
+            ids = [_text(m) for m in ordered]
+        return self._load(ids)
+
+    def _load(self, ids: Sequence[str]) -> list[Entry]:
+        found: list[Entry] = []
+        for start in range(0, len(ids), _LOAD_CHUNK):
+            chunk = list(ids[start : start + _LOAD_CHUNK])
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hmget(self._key("entries"), chunk)
+            pipe.hmget(self._key("copies"), chunk)
+            raws, copies = pipe.execute()
+            for entry_id, raw, extra in zip(chunk, raws, copies, strict=True):
+                if raw is not None:
+                    entry = _decode(raw)
+                    found.append(
+                        dataclasses.replace(entry, id=entry_id, copies=1 + int(extra or 0))
+                    )
+        return found
 
     def select(
         self,
@@ -260,15 +442,16 @@ class DeadLetterQueue:
         everything: bool = False,
     ) -> list[Entry]:
         """Entries matching every given selector."""
-        entries = self.entries()
         if ids:
-            known = {e.id for e in entries}
-            missing = [i for i in ids if i not in known]
+            self.absorb()
+            entries = self._load(ids)
+            missing = sorted(set(ids) - {e.id for e in entries})
             if missing:
                 raise DeadLetterError(f"no dead-letter entry {', '.join(missing)}; see 'dlq list'")
-            entries = [e for e in entries if e.id in ids]
         elif not (run or target or error or everything):
             raise DeadLetterError("say which entries: --all, entry ids, --run, --target or --error")
+        else:
+            entries = self.entries(run=run, target=target if run is None else None)
         if run:
             entries = [e for e in entries if e.run_id == run]
         if target:
@@ -289,14 +472,14 @@ class DeadLetterQueue:
             raise DeadLetterError(f"{entry.id} is a poison entry and cannot be redriven")
         n = self._redrive(
             keys=[
-                self.queue,
+                *self._index_keys(entry.run_id, entry.target),
                 self.work_queue,
                 self.runs.run_key(entry.run_id),
                 self.runs.run_key(entry.run_id, "pending"),
             ],
             args=[
                 entry.id,
-                len(entry.items),
+                entry.key_count,
                 time.time(),
                 entry.payload.batch_id,
                 _iso_now(),
@@ -319,22 +502,28 @@ class DeadLetterQueue:
                 "entry": entry.as_dict(),
             }
             removed = self._purge(
-                keys=[self.queue, f"{self.key_prefix}:audit"], args=[entry.id, json.dumps(record)]
+                keys=[*self._index_keys(entry.run_id, entry.target), self._audit_key],
+                args=[entry.id, json.dumps(record), entry.key_count],
             )
             if int(removed):
                 records.append(record)
         return records
 
+    @property
+    def _audit_key(self) -> str:
+        return f"{self.key_prefix}:audit"
+
     def log_action(self, record: Mapping[str, Any]) -> None:
         """Add an operator's action (an abort, say) to the audit log purges write to."""
-        self.redis.lpush(f"{self.key_prefix}:audit", json.dumps(record))
+        self.redis.lpush(self._audit_key, json.dumps(record))
 
     def audit_log(self, limit: int = 100) -> list[dict[str, Any]]:
-        raw = self.redis.lrange(f"{self.key_prefix}:audit", 0, limit - 1)
+        raw = self.redis.lrange(self._audit_key, 0, limit - 1)
         return [json.loads(r) for r in raw]
 
 
-def _decode(raw: bytes | str) -> Entry | None:
+def _decode(raw: bytes | str) -> Entry:
+    """The entry a queued message holds; one that does not decode is kept as ``undecodable``."""
     try:
         message = json.loads(raw)
         body = message["body"]
@@ -343,7 +532,13 @@ def _decode(raw: bytes | str) -> Entry | None:
         _args, kwargs, _embed = json.loads(body)
         entry_id = str(message["headers"]["id"])
     except (ValueError, KeyError, TypeError):
-        return None
+        digest = hashlib.sha256(raw if isinstance(raw, bytes) else raw.encode()).hexdigest()
+        return Entry(
+            id=f"undecodable-{digest[:12]}",
+            payload=None,
+            raw_kwargs={"dead_letter": {"reason": "undecodable", "item_count": 0,
+                                        "message": "the queued message is not JSON Celery knows"}},
+        )  # fmt: skip
     try:
         payload: BatchPayload | None = BatchPayload.from_message(kwargs)
     except Exception:
@@ -353,6 +548,10 @@ def _decode(raw: bytes | str) -> Entry | None:
     return Entry(
         id=entry_id, payload=payload, raw_kwargs=kwargs if isinstance(kwargs, dict) else {}
     )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _clip(base: str, rest: str) -> str:

@@ -119,18 +119,30 @@ class RunStateCollector:
 
         now = self.clock()
         states = [self._read(t.name) for t in self.runtime.targets]
-        dead_letters = dead_letter_queue(self.runtime)
-        depth, entries = dead_letters.depth(), dead_letters.entries()
+        depth, keys, oldest = dead_letter_queue(self.runtime).stats()
+        settings = self.runtime.settings
         fams = _Families()
         fams.gauge(
             "digest_cleanup_dead_letter_depth",
-            "Messages in the dead-letter queue (each a batch's failed keys), as "
+            "Entries in the dead-letter queue (each a batch's failed keys), as "
             "`digest-cleanup dlq list` counts them; nothing consumes this queue",
         ).add_metric([], depth)
         fams.gauge(
             "digest_cleanup_dead_letter_keys",
             "Keys waiting in the dead-letter queue for an operator (redrive or purge)",
-        ).add_metric([], sum(int(e.info.get("item_count", len(e.items))) for e in entries))
+        ).add_metric([], keys)
+        fams.gauge(
+            "digest_cleanup_dead_letter_oldest_age_seconds",
+            "Seconds the oldest dead-letter entry has waited (0 when the queue is empty)",
+        ).add_metric([], max(0.0, now - oldest) if oldest is not None else 0.0)
+        fams.gauge(
+            "digest_cleanup_dead_letter_max_entries",
+            "CLEANUP_DLQ_MAX_ENTRIES: past it an alert fires; no entry is ever dropped",
+        ).add_metric([], settings.dlq_max_entries)
+        fams.gauge(
+            "digest_cleanup_dead_letter_retention_seconds",
+            "CLEANUP_DLQ_RETENTION_DAYS in seconds: an entry older than it raises an alert",
+        ).add_metric([], settings.dlq_retention_days * 86_400)
         for state in states:
             _add_target(fams, state, now)
         return fams.all()

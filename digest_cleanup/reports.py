@@ -101,9 +101,7 @@ def _not_deleted(runtime: Runtime, run_id: str) -> Any:
     for kept in runtime.store.skipped_items(run_id):
         yield {**kept, "reason": "skipped", "entry_id": ""}
 
-    for entry in dead_letter_queue(runtime).entries():
-        if entry.run_id != run_id:
-            continue
+    for entry in dead_letter_queue(runtime).entries(run=run_id):
         data = entry.as_dict()
         for key in data["keys"]:
             yield {

@@ -34,6 +34,13 @@ DEFAULT_RETRY_CAP = 60.0
 DEFAULT_MAX_DELIVERIES = 3
 #: The queue nothing consumes, where batches that still fail wait for an operator.
 DEFAULT_DEAD_LETTER_QUEUE = "dead_letter"
+#: Dead-letter entries past which an alert fires: a week of a bad outage at 120k keys
+#: in 500-key batches is about 240 entries a run, so this is far past any normal week.
+DEFAULT_DLQ_MAX_ENTRIES = 100_000
+#: Days a dead-letter entry may wait before an alert fires: past a weekly run's cycle
+#: several times over, and inside the run state's 35 days, after which a redrive of it
+#: is refused as unknown_run.
+DEFAULT_DLQ_RETENTION_DAYS = 28
 #: Keys in the run store start with this, so one Redis can hold other data too.
 DEFAULT_KEY_PREFIX = "dc"
 
@@ -58,6 +65,10 @@ class Settings:
     retry_cap: float = DEFAULT_RETRY_CAP
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
     dead_letter_queue: str = DEFAULT_DEAD_LETTER_QUEUE
+    #: Dead-letter entries past which an alert fires (none is ever dropped).
+    dlq_max_entries: int = DEFAULT_DLQ_MAX_ENTRIES
+    #: Days a dead-letter entry may wait before an alert fires (none is ever dropped).
+    dlq_retention_days: int = DEFAULT_DLQ_RETENTION_DAYS
     key_prefix: str = DEFAULT_KEY_PREFIX
     #: ``s3://bucket/prefix`` where run reports go; ``None`` keeps them in Redis only.
     audit_url: str | None = None
@@ -117,6 +128,10 @@ class Settings:
             retry_cap=_float(env, "CLEANUP_RETRY_CAP", DEFAULT_RETRY_CAP),
             max_deliveries=_int(env, "CLEANUP_MAX_DELIVERIES", DEFAULT_MAX_DELIVERIES, 1),
             dead_letter_queue=env.get("CLEANUP_DEAD_LETTER_QUEUE", DEFAULT_DEAD_LETTER_QUEUE),
+            dlq_max_entries=_int(env, "CLEANUP_DLQ_MAX_ENTRIES", DEFAULT_DLQ_MAX_ENTRIES, 1),
+            dlq_retention_days=_int(
+                env, "CLEANUP_DLQ_RETENTION_DAYS", DEFAULT_DLQ_RETENTION_DAYS, 1
+            ),
             key_prefix=env.get("CLEANUP_KEY_PREFIX", DEFAULT_KEY_PREFIX),
             audit_url=audit_url,
             log_format=log_format,  # type: ignore[arg-type]  # checked just above

@@ -10,6 +10,7 @@ from celery.exceptions import Reject, Retry
 
 from digest_cleanup.attempts import give_up, process
 from digest_cleanup.batches import BatchPayload, backoff
+from digest_cleanup.dead_letter import index_headers
 from digest_cleanup.tasks.base import HIDDEN_KWARGS, CleanupTask, DeadLettered
 
 
@@ -31,6 +32,9 @@ class _TaskPublisher:
             queue=self.task.runtime.settings.dead_letter_queue,
             argsrepr=f"dead letter: {label}",
             kwargsrepr=HIDDEN_KWARGS,
+            # What the dead-letter index files the entry under, readable without
+            # decoding the body (see DeadLetterQueue.absorb).
+            headers=index_headers(kwargs),
         )
 
 

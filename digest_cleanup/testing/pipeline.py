@@ -131,9 +131,7 @@ def run_pipeline(
                     f"run {started.run_id} did not finish within {timeout:.0f}s: {view.as_dict()}"
                 )
         run = view.as_dict() | {"retries_by_code": runtime.store.retry_codes(started.run_id)}
-        entries = [
-            e.as_dict() for e in dead_letter_queue(runtime).entries() if e.run_id == started.run_id
-        ]
+        entries = [e.as_dict() for e in dead_letter_queue(runtime).entries(run=started.run_id)]
         return PipelineResult(run=run, dead_letters=entries, settings=run_settings)
     finally:
         runtime.close()

@@ -52,6 +52,9 @@ KNOWN_METRICS = frozenset(
         "digest_cleanup_oldest_pending_age_seconds",
         "digest_cleanup_dead_letter_depth",
         "digest_cleanup_dead_letter_keys",
+        "digest_cleanup_dead_letter_oldest_age_seconds",
+        "digest_cleanup_dead_letter_max_entries",
+        "digest_cleanup_dead_letter_retention_seconds",
         "digest_cleanup_last_success_timestamp_seconds",
         "digest_cleanup_expired_remaining",
         "digest_cleanup_run_status",
@@ -858,6 +861,26 @@ tests:
         alertname: DigestCleanupDuplicateDeliveries
         exp_alerts: [{exp_labels: {severity: ticket, target: statements}}]
       - {eval_time: 59m, alertname: DigestCleanupMetricsAbsent, exp_alerts: []}
+  - interval: 1m
+    input_series:
+      # The queue reaches its bound at minute 2; the oldest entry passes its retention then.
+      - series: 'digest_cleanup_dead_letter_depth'
+        values: '50 50 100x60'
+      - series: 'digest_cleanup_dead_letter_max_entries'
+        values: '100x60'
+      - series: 'digest_cleanup_dead_letter_oldest_age_seconds'
+        values: '0 0 2419300+60x60'
+      - series: 'digest_cleanup_dead_letter_retention_seconds'
+        values: '2419200x60'
+    alert_rule_test:
+      - {eval_time: 6m, alertname: DigestCleanupDeadLetterQueueFull, exp_alerts: []}
+      - eval_time: 8m
+        alertname: DigestCleanupDeadLetterQueueFull
+        exp_alerts: [{exp_labels: {severity: page}}]
+      - {eval_time: 16m, alertname: DigestCleanupDeadLetterPastRetention, exp_alerts: []}
+      - eval_time: 18m
+        alertname: DigestCleanupDeadLetterPastRetention
+        exp_alerts: [{exp_labels: {severity: ticket}}]
   - interval: 1m
     input_series:
       - series: 'digest_cleanup_keys_total{target="statements",outcome="deleted"}'

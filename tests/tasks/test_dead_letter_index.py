@@ -1,0 +1,99 @@
+"""The dead-letter index on a real Redis: nothing published is lost, folded or hidden."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from digest_cleanup.app import create_app, dead_letter_queue
+from digest_cleanup.batches import BatchPayload
+from digest_cleanup.dead_letter import DeadLetterQueue, index_headers, make_entry
+from digest_cleanup.kinds import ItemResult, Outcome
+from digest_cleanup.runtime import Runtime
+from digest_cleanup.settings import Settings
+
+
+@pytest.fixture
+def setup(redis_url: str) -> Iterator[tuple[Runtime, DeadLetterQueue, Any]]:
+    settings = Settings(broker_url=redis_url)
+    runtime = Runtime(settings)
+    yield runtime, dead_letter_queue(runtime), create_app(settings)
+    runtime.close()
+
+
+def _entry(run: str, keys: list[str]) -> dict[str, Any]:
+    payload = BatchPayload(
+        run_id=run,
+        target="statements",
+        batch_id=f"{run}-b00001",
+        seq=1,
+        cutoff="2026-10-25T03:00:00+00:00",
+        items=keys,
+        scope="s",
+    )
+    dead = {k: ItemResult(k, Outcome.PERMANENT, "AccessDenied") for k in keys}
+    return make_entry(payload, dead, "permanent_error").to_message()
+
+
+def _publish(app: Any, entry_id: str, kwargs: dict[str, Any], *, headers: bool = True) -> None:
+    app.send_task(
+        "digest_cleanup.delete_batch",
+        kwargs=kwargs,
+        task_id=entry_id,
+        queue="dead_letter",
+        headers=index_headers(kwargs) if headers else None,
+    )
+
+
+def test_a_copy_folds_and_the_same_id_with_other_keys_is_kept_beside_it(setup):
+    _, dlq, app = setup
+    first = _entry("run-a", ["statements/k1.pdf", "statements/k2.pdf"])
+    other = _entry("run-a", ["statements/k3.pdf"])
+
+    # When a message is delivered twice, and another with the same id but other keys
+    _publish(app, "dl-x", first)
+    _publish(app, "dl-x", first)
+    _publish(app, "dl-x", other)
+
+    # Then the copy is folded, and both sets of keys are listed
+    entries = dlq.entries()
+    assert [(len(e.items), e.copies) for e in entries] == [(2, 2), (1, 1)]
+    assert entries[0].id == "dl-x"
+    assert entries[1].id.startswith("dl-x~")
+    assert dlq.stats()[:2] == (2, 3)
+
+
+def test_messages_without_index_headers_and_undecodable_ones_are_listed_too(setup):
+    runtime, dlq, app = setup
+    # Given an entry from an older release (no headers), then junk, then a current one
+    _publish(app, "dl-old", _entry("run-old", ["statements/a.pdf"]), headers=False)
+    runtime.redis.lpush("dead_letter", "not json at all")
+    _publish(app, "dl-new", _entry("run-new", ["statements/b.pdf"]))
+
+    # Then all three are listed, in arrival order, each filed under its run
+    entries = dlq.entries()
+    assert entries[0].id == "dl-old"
+    assert entries[1].id.startswith("undecodable-")
+    assert entries[2].id == "dl-new"
+    assert [e.id for e in dlq.entries(run="run-old")] == ["dl-old"]
+    assert [e.id for e in dlq.entries(run="run-new")] == ["dl-new"]
+    assert runtime.redis.llen("dead_letter") == 0
+
+
+def test_redrive_and_purge_take_one_entry_out_of_every_index(setup):
+    runtime, dlq, app = setup
+    for n in range(3):
+        _publish(app, f"dl-{n}", _entry("run-a", [f"statements/k{n}.pdf"]))
+
+    assert dlq.redrive_one(dlq.get("dl-0"))
+    assert dlq.purge([dlq.get("dl-1")], "test")[0]["entry"]["id"] == "dl-1"
+
+    assert [e.id for e in dlq.entries()] == ["dl-2"]
+    assert [e.id for e in dlq.entries(run="run-a")] == ["dl-2"]
+    assert dlq.stats()[:2] == (1, 1)
+    moved = json.loads(runtime.redis.lindex("batches", 0))
+    assert moved["headers"]["id"] == "dl-0"
+    assert not dlq.redrive_one(dlq.get("dl-2")) or dlq.entries() == []
