@@ -151,7 +151,8 @@ def section(results: dict[int, dict[str, float]]) -> str:
     lines = [
         HEADING,
         "",
-        f"Written by `python -m benchmarks.dead_letters` on {time.strftime('%Y-%m-%d %H:%M')} "
+        f"Written by `make bench` (alone: `python -m benchmarks.dead_letters`) on "
+        f"{time.strftime('%Y-%m-%d %H:%M')} "
         f"UTC, against a dedicated Redis on loopback. Each entry holds {KEYS_PER_ENTRY} keys "
         f"with their ETags; the entries are spread over {RUNS} runs. Medians of {REPEATS} "
         "repetitions, and the ratio of the two depths measured in the same invocation.",

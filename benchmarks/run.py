@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks import report, scaling
+from benchmarks import dead_letters, report, scaling
 from benchmarks.alternatives import Measured, aws_rm, naive_loop, raw_probe, reference_script
 from benchmarks.environment import Machine, cpu_seconds, load_average
 from benchmarks.pipeline import PREFIX, Layout, Runner, RunResult
@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated dry-run sizes, cached between runs",
     )
     parser.add_argument("--no-scale", action="store_true", help="skip the dry-run scaling")
+    parser.add_argument(
+        "--no-dead-letters", action="store_true", help="skip the dead-letter queue at depth"
+    )
     parser.add_argument("--cache", type=Path, default=scaling.default_cache())
     parser.add_argument("--reseed", action="store_true", help="rebuild the scaling cache")
     parser.add_argument(
@@ -204,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(report.acceptance(results)))
     command = ["python -m benchmarks.run", *(argv if argv is not None else sys.argv[1:])]
     args.output.write_text(report.markdown(results, command))
+    if not args.no_dead_letters:
+        say("dead-letter queue at depth")
+        dead_letters.update(args.output, dead_letters.section(dead_letters.measure()))
     print(f"\nwrote {args.output}")
     return 0
 
