@@ -18,6 +18,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 from digest_cleanup.app import create_app, dead_letter_queue
@@ -152,7 +153,7 @@ def section(results: dict[int, dict[str, float]]) -> str:
         HEADING,
         "",
         f"Written by `make bench` (alone: `python -m benchmarks.dead_letters`) on "
-        f"{time.strftime('%Y-%m-%d %H:%M')} "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} "
         f"UTC, against a dedicated Redis on loopback. Each entry holds {KEYS_PER_ENTRY} keys "
         f"with their ETags; the entries are spread over {RUNS} runs. Medians of {REPEATS} "
         "repetitions, and the ratio of the two depths measured in the same invocation.",
