@@ -59,51 +59,51 @@ _LOAD_CHUNK = 500
 #: Items of a poison message kept in its entry; the rest are counted, not stored.
 POISON_ITEMS_KEPT = 50
 
-#: Where a message is filed: its id, or ``ID~HASH`` when that id already holds other
-#: keys.  Copies of one message differ only in their envelope (delivery tags), so
-#: bodies are compared, and a copy lands on the id it shares, to be counted there.
-_FILE_AS_LUA = """
-local function body_of(raw)
-  local ok, msg = pcall(cjson.decode, raw)
-  if ok and type(msg) == 'table' then return msg.body end
-  return raw
-end
-local function file_as(entries, id, raw)
-  local existing = redis.call('HGET', entries, id)
-  if not existing then return id end
-  local body = body_of(raw)
-  if body_of(existing) == body then return id end
-  return id .. '~' .. string.sub(redis.sha1hex(body), 1, 8)
-end
-"""
-
-#: Move the oldest queued message into the index, if it is still the one read.
-_ABSORB_LUA = (
-    _FILE_AS_LUA
-    + """
-local queue, entries, order, copies, stats, by_run, by_target = unpack(KEYS)
-local raw, id, now, keys = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+#: Move the oldest queued message into the index, if it is still the one read:
+#: a new entry, or a copy of one already there with the same keys (``digests``
+#: holds a digest of each entry's keys).  Another message with the same id but
+#: other keys is merged by the caller first, so it never reaches this script.
+_ABSORB_LUA = """
+local queue, entries, order, copies, stats, digests, by_run, by_target = unpack(KEYS)
+local raw, id, now, keys, digest = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 if redis.call('LINDEX', queue, -1) ~= raw then return 0 end
+local known = redis.call('HGET', digests, id)
+if known and known ~= digest then return -1 end
 redis.call('RPOP', queue)
-id = file_as(entries, id, raw)
-if redis.call('HSETNX', entries, id, raw) == 0 then
+if known then
   redis.call('HINCRBY', copies, id, 1)
   return 1
 end
+redis.call('HSET', entries, id, raw)
+redis.call('HSET', digests, id, digest)
 redis.call('ZADD', order, now, id)
 redis.call('SADD', by_run, id)
 redis.call('SADD', by_target, id)
 redis.call('HINCRBY', stats, 'keys', keys)
 return 1
 """
-)
+
+#: Replace an entry with ``merged`` (its keys and a new message's), and take that
+#: message off the queue; only if neither changed since they were read.
+_MERGE_LUA = """
+local queue, entries, stats, digests, copies = unpack(KEYS)
+local raw, id, existing, merged, digest, added = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
+  tonumber(ARGV[6])
+if redis.call('LINDEX', queue, -1) ~= raw then return 0 end
+if redis.call('HGET', entries, id) ~= existing then return 0 end
+redis.call('RPOP', queue)
+redis.call('HSET', entries, id, merged)
+redis.call('HSET', digests, id, digest)
+redis.call('HINCRBY', copies, id, 1)
+redis.call('HINCRBY', stats, 'keys', added)
+return 1
+"""
 
 #: Move up to ARGV[1] queued messages that carry their index headers, oldest first;
-#: stops at the first without them, which :meth:`DeadLetterQueue.absorb` reads itself.
-_ABSORB_INDEXED_LUA = (
-    _FILE_AS_LUA
-    + """
-local queue, entries, order, copies, stats = unpack(KEYS)
+#: stops at the first without them, or whose id holds other keys already, which
+#: :meth:`DeadLetterQueue.absorb` handles itself.
+_ABSORB_INDEXED_LUA = """
+local queue, entries, order, copies, stats, digests = unpack(KEYS)
 local limit, now, prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local moved = 0
 while moved < limit do
@@ -111,13 +111,17 @@ while moved < limit do
   if not raw then break end
   local ok, msg = pcall(cjson.decode, raw)
   local h = ok and type(msg) == 'table' and msg.headers
-  if not (h and h.id and h.dc_run and h.dc_target and h.dc_keys) then break end
+  if not (h and h.id and h.dc_run and h.dc_target and h.dc_keys and h.dc_digest) then break end
+  local id = h.id
+  local known = redis.call('HGET', digests, id)
+  if known and known ~= h.dc_digest then break end
   redis.call('RPOP', queue)
   moved = moved + 1
-  local id = file_as(entries, h.id, raw)
-  if redis.call('HSETNX', entries, id, raw) == 0 then
+  if known then
     redis.call('HINCRBY', copies, id, 1)
   else
+    redis.call('HSET', entries, id, raw)
+    redis.call('HSET', digests, id, h.dc_digest)
     -- Index keys built here (a single Redis, not a cluster): one set per run and target.
     redis.call('ZADD', order, now, id)
     redis.call('SADD', prefix .. 'run:' .. h.dc_run, id)
@@ -127,14 +131,14 @@ while moved < limit do
 end
 return moved
 """
-)
 
 #: Remove one entry from the index; shared by redrive and purge, with ``raw`` set.
 _TAKE_LUA = """
-local function take(entries, order, copies, stats, by_run, by_target, id, keys)
+local function take(entries, order, copies, stats, digests, by_run, by_target, id, keys)
   local raw = redis.call('HGET', entries, id)
   if not raw then return nil end
   redis.call('HDEL', entries, id)
+  redis.call('HDEL', digests, id)
   redis.call('HDEL', copies, id)
   redis.call('ZREM', order, id)
   redis.call('SREM', by_run, id)
@@ -147,10 +151,10 @@ end
 _REDRIVE_LUA = (
     _TAKE_LUA
     + """
-local entries, order, copies, stats, by_run, by_target, work, run, pending = unpack(KEYS)
+local entries, order, copies, stats, digests, by_run, by_target, work, run, pending = unpack(KEYS)
 local id, n, now_epoch, batch, now = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 local exchange, routing_key = ARGV[6], ARGV[7]
-local raw = take(entries, order, copies, stats, by_run, by_target, id, n)
+local raw = take(entries, order, copies, stats, digests, by_run, by_target, id, n)
 if not raw then return 0 end
 local msg = cjson.decode(raw)
 -- kombu restores an unacknowledged message to the queue its delivery_info
@@ -183,8 +187,9 @@ return 1
 _PURGE_LUA = (
     _TAKE_LUA
     + """
-local entries, order, copies, stats, by_run, by_target, audit = unpack(KEYS)
-local raw = take(entries, order, copies, stats, by_run, by_target, ARGV[1], tonumber(ARGV[3]))
+local entries, order, copies, stats, digests, by_run, by_target, audit = unpack(KEYS)
+local raw = take(entries, order, copies, stats, digests, by_run, by_target, ARGV[1],
+  tonumber(ARGV[3]))
 if not raw then return 0 end
 redis.call('LPUSH', audit, ARGV[2])
 return 1
@@ -287,12 +292,50 @@ def make_entry(
 def index_headers(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The headers a dead-letter message carries so the index files it without decoding."""
     info = kwargs.get("dead_letter", {})
-    count = info.get("item_count", len(kwargs.get("rest", [])))
+    rest = kwargs.get("rest", [])
+    base = kwargs.get("base", "")
     return {
         "dc_run": str(kwargs.get("run_id", "")),
         "dc_target": str(kwargs.get("target", "")),
-        "dc_keys": int(count),
+        "dc_keys": int(info.get("item_count", len(rest))),
+        "dc_digest": keys_digest([base + r for r in rest]),
     }
+
+
+def keys_digest(items: Iterable[str]) -> str:
+    """A short digest of an entry's keys: copies share it, other keys do not."""
+    return hashlib.sha256("\n".join(sorted(items)).encode()).hexdigest()[:16]
+
+
+def _merged(existing: bytes, incoming: bytes) -> tuple[str, int]:
+    """``existing`` with the keys of ``incoming`` it lacks, and how many were added.
+
+    Both are dead letters of one batch attempt (a redelivery that failed other keys);
+    the entry keeps its own errors and adds the newcomer's.
+    """
+    message = json.loads(existing)
+    args, _, embed = json.loads(base64.b64decode(message["body"]))
+    old, new = _decode(existing).payload, _decode(incoming).payload
+    if old is None or new is None:
+        return existing.decode(), 0
+    have = set(old.items)
+    extra = [i for i in new.items if i not in have]
+    conditions = dict(zip(new.items, new.conditions, strict=True)) if new.conditions else {}
+    payload = old.subset(
+        [*old.items, *extra],
+        dead_letter={
+            **old.dead_letter,
+            "errors": {**new.dead_letter.get("errors", {}), **old.dead_letter.get("errors", {})},
+        },
+    )
+    if old.conditions or conditions:
+        mine = dict(zip(old.items, old.conditions, strict=True)) if old.conditions else {}
+        payload = dataclasses.replace(
+            payload, conditions=[mine.get(i) or conditions.get(i, "") for i in payload.items]
+        )
+    body = json.dumps([args, payload.to_message(), embed]).encode()
+    message["body"] = base64.b64encode(body).decode()
+    return json.dumps(message), len(extra)
 
 
 def make_poison_entry(task_id: str, raw: Any, reason: str, message: str) -> dict[str, Any]:
@@ -344,6 +387,7 @@ class DeadLetterQueue:
         self.key_prefix = runs.prefix
         self._absorb = client.register_script(_ABSORB_LUA)
         self._absorb_indexed = client.register_script(_ABSORB_INDEXED_LUA)
+        self._merge = client.register_script(_MERGE_LUA)
         self._redrive = client.register_script(_REDRIVE_LUA)
         self._purge = client.register_script(_PURGE_LUA)
 
@@ -357,6 +401,7 @@ class DeadLetterQueue:
             self._key("order"),
             self._key("copies"),
             self._key("stats"),
+            self._key("digests"),
             self._key("run", run_id),
             self._key("target", target),
         ]
@@ -364,27 +409,46 @@ class DeadLetterQueue:
     def absorb(self) -> int:
         """Index every message workers published since the last read; returns how many.
 
-        One script per message, which moves it only if it is still the oldest one
-        queued: two readers absorbing at once never index a message twice or lose one.
+        Each message moves only if it is still the oldest one queued, so two readers
+        absorbing at once never index a message twice or lose one.  One entry per id:
+        a copy (a redelivery that dead-lettered the same keys) is counted on it, and a
+        message with the same id but other keys is merged into it, keys and all, so
+        nothing is lost and one redrive still covers the batch.
         """
         moved = 0
-        indexed_keys = [self.queue, *self._index_keys("", "")[:4]]
+        bulk_keys = [self.queue, *self._index_keys("", "")[:5]]
         while True:
             # Messages that carry their index headers move in bulk, inside Redis.
             step = int(self._absorb_indexed(
-                keys=indexed_keys, args=[_ABSORB_BATCH, time.time(), self._key("")]
+                keys=bulk_keys, args=[_ABSORB_BATCH, time.time(), self._key("")]
             ))  # fmt: skip
             moved += step
             raw = self.redis.lindex(self.queue, -1)
             if raw is None:
                 return moved
-            if step:
-                continue
-            # One without them (published by hand, or by an older release): read here.
-            entry = _decode(raw)
-            keys = [self.queue, *self._index_keys(entry.run_id, entry.target)]
-            args = [raw, entry.id, time.time(), entry.key_count]
-            moved += int(self._absorb(keys=keys, args=args))
+            if not step:
+                moved += self._absorb_one(raw if isinstance(raw, bytes) else raw.encode())
+
+    def _absorb_one(self, raw: bytes) -> int:
+        """Index one message the bulk script left: no headers, or keys to merge."""
+        entry = _decode(raw)
+        digest = keys_digest(entry.items) if entry.payload else keys_digest([raw.decode()])
+        index = self._index_keys(entry.run_id, entry.target)
+        entries, _, copies, stats, digests = index[:5]
+        args: list[str | int | float | bytes] = [raw, entry.id, time.time(), entry.key_count,
+                                                 digest]  # fmt: skip
+        result = int(self._absorb(keys=[self.queue, *index], args=args))
+        if result >= 0:
+            return result
+        existing: bytes | None = self.redis.hget(entries, entry.id)  # type: ignore[assignment]
+        if existing is None:
+            return 0  # taken meanwhile; the next pass files the message afresh
+        merged, added = _merged(existing, raw)
+        done = self._merge(
+            keys=[self.queue, entries, stats, digests, copies],
+            args=[raw, entry.id, existing, merged, keys_digest(_decode(merged).items), added],
+        )
+        return int(done)
 
     def depth(self) -> int:
         """Entries waiting for an operator."""

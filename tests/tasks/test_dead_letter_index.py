@@ -48,22 +48,36 @@ def _publish(app: Any, entry_id: str, kwargs: dict[str, Any], *, headers: bool =
     )
 
 
-def test_a_copy_folds_and_the_same_id_with_other_keys_is_kept_beside_it(setup):
+def test_a_copy_folds_and_the_same_id_with_other_keys_is_merged_into_it(setup):
     _, dlq, app = setup
     first = _entry("run-a", ["statements/k1.pdf", "statements/k2.pdf"])
-    other = _entry("run-a", ["statements/k3.pdf"])
+    other = _entry("run-a", ["statements/k2.pdf", "statements/k3.pdf"])
 
-    # When a message is delivered twice, and another with the same id but other keys
+    # When a message is delivered twice (another envelope, the same keys), and then one
+    # with the same id but other keys, as a redelivery that failed differently sends
     _publish(app, "dl-x", first)
     _publish(app, "dl-x", first)
     _publish(app, "dl-x", other)
 
-    # Then the copy is folded, and both sets of keys are listed
-    entries = dlq.entries()
-    assert [(len(e.items), e.copies) for e in entries] == [(2, 2), (1, 1)]
-    assert entries[0].id == "dl-x"
-    assert entries[1].id.startswith("dl-x~")
-    assert dlq.stats()[:2] == (2, 3)
+    # Then there is one entry, counted three times, holding every key once
+    (entry,) = dlq.entries()
+    assert entry.id == "dl-x"
+    assert entry.copies == 3
+    assert sorted(entry.items) == ["statements/k1.pdf", "statements/k2.pdf", "statements/k3.pdf"]
+    assert dlq.stats()[:2] == (1, 3)
+    # and one redrive covers all of it
+    assert dlq.redrive_one(entry)
+    assert dlq.stats()[:2] == (0, 0)
+
+
+def test_old_messages_without_headers_merge_the_same_way(setup):
+    _, dlq, app = setup
+    _publish(app, "dl-y", _entry("run-b", ["statements/a.pdf"]), headers=False)
+    _publish(app, "dl-y", _entry("run-b", ["statements/b.pdf"]), headers=False)
+
+    (entry,) = dlq.entries(run="run-b")
+    assert sorted(entry.items) == ["statements/a.pdf", "statements/b.pdf"]
+    assert dlq.stats()[:2] == (1, 2)
 
 
 def test_messages_without_index_headers_and_undecodable_ones_are_listed_too(setup):
