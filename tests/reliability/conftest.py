@@ -260,8 +260,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    # Only a run of the whole suite publishes figures; a -k selection would leave
-    # the table with holes.
+    # Only a run of the whole suite publishes figures; a -k selection, or one file,
+    # would leave the table with holes.
     if not _collector.rows or session.config.option.keyword:
+        return
+    scenario_files = {p.name for p in Path(__file__).parent.glob("test_*.py")}
+    if {Path(str(item.path)).name for item in session.items} < scenario_files:
         return
     Path(REPORT_PATH).write_text(_collector.render(), encoding="utf-8")
