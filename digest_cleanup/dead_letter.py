@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from digest_cleanup.batches import MAX_ITEM_LENGTH, BatchPayload
+from digest_cleanup.batches import MAX_ITEM_LENGTH, MAX_MESSAGE_ITEMS, BatchPayload
 from digest_cleanup.errors import DeadLetterError
 from digest_cleanup.kinds import ItemResult
 from digest_cleanup.runs import RunStore
@@ -56,8 +56,10 @@ FAILED_RUN_NOTE = (
 _ABSORB_BATCH = 50
 #: Entries read from Redis per round trip when listing.
 _LOAD_CHUNK = 500
-#: Items of a poison message kept in its entry; the rest are counted, not stored.
-POISON_ITEMS_KEPT = 50
+#: Characters of a poison message's items kept in its entry; past them the rest are
+#: counted, not stored.  A genuine batch is at most 1,000 keys of 1,024 characters, so
+#: it is always kept whole; only a forged message can be larger.
+POISON_CHARS_KEPT = 2 * MAX_MESSAGE_ITEMS * MAX_ITEM_LENGTH
 
 #: Move the oldest queued message into the index, if it is still the one read:
 #: a new entry, or a copy of one already there with the same keys (``digests``
@@ -344,7 +346,16 @@ def make_poison_entry(task_id: str, raw: Any, reason: str, message: str) -> dict
     rest: list[Any] = raw_map["rest"] if isinstance(raw_map.get("rest"), list) else []
     base: str = raw_map["base"] if isinstance(raw_map.get("base"), str) else ""
     # Clipped: a forged message may carry megabytes per item, and the entry must stay small.
-    items = [_clip(base, r) for r in rest[:POISON_ITEMS_KEPT] if isinstance(r, str)]
+    items: list[str] = []
+    budget = POISON_CHARS_KEPT
+    for r in rest:
+        if not isinstance(r, str):
+            continue
+        item = _clip(base, r)
+        budget -= len(item)
+        if budget < 0:
+            break
+        items.append(item)
     now = _iso_now()
     return {
         "run_id": str(raw_map.get("run_id", ""))[:200],

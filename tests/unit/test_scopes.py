@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from digest_cleanup.batches import BatchPayload
+from digest_cleanup.dead_letter import make_poison_entry
 from digest_cleanup.errors import CutoffError, PoisonMessage, TargetsFileError
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
 from digest_cleanup.settings import Settings
@@ -157,3 +158,26 @@ def test_a_message_whose_conditions_do_not_match_its_items_is_poison():
 
     with pytest.raises(PoisonMessage, match="1 conditions for 3 items"):
         BatchPayload.from_message(raw)
+
+
+def test_a_poison_entry_keeps_every_key_of_a_batch_sized_message():
+    # Given a message that does not decode (1,001 keys: more than a batch takes)
+    # whose keys are as long as S3 allows
+    rest = [f"{i:04d}".ljust(1000, "x") for i in range(1001)]
+
+    # When it becomes a poison entry
+    entry = make_poison_entry("t1", {"base": "statements/", "rest": rest}, "too_many_keys", "")
+
+    # Then every key is kept, as a genuine batch's would be
+    assert entry["dead_letter"]["item_count"] == 1001
+    assert len(entry["dead_letter"]["items"]) == 1001
+    assert entry["dead_letter"]["items"][-1].startswith("statements/1000")
+
+
+def test_a_forged_message_larger_than_any_batch_is_counted_not_stored_whole():
+    rest = ["x" * 1024] * 5000
+
+    entry = make_poison_entry("t2", {"base": "", "rest": rest}, "too_many_keys", "")
+
+    assert entry["dead_letter"]["item_count"] == 5000
+    assert 1000 < len(entry["dead_letter"]["items"]) < 5000
