@@ -56,7 +56,10 @@ def delete_batch(self: CleanupTask, *args: Any, **kwargs: Any) -> dict[str, Any]
         deliveries = self.request.retries + 1
         if deliveries < settings.max_deliveries:
             raise self.retry(countdown=backoff(self.request.retries, settings), exc=exc) from exc
-        report = give_up(self.runtime, raw, exc, deliveries, publisher)
+        try:
+            report = give_up(self.runtime, raw, exc, deliveries, publisher)
+        except redis.RedisError as lost:
+            raise Reject(f"run store unavailable: {lost}", requeue=True) from lost
     summary = report.as_dict()
     if report.entry_id and report.status in ("dead_lettered", "poison"):
         raise DeadLettered(
