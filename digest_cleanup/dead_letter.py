@@ -60,6 +60,8 @@ _LOAD_CHUNK = 500
 #: counted, not stored.  A genuine batch is at most 1,000 keys of 1,024 characters, so
 #: it is always kept whole; only a forged message can be larger.
 POISON_CHARS_KEPT = 2 * MAX_MESSAGE_ITEMS * MAX_ITEM_LENGTH
+#: Items longer than any key that a poison entry shows, clipped; the rest are counted.
+POISON_OVERSIZED_SHOWN = 50
 
 #: Move the oldest queued message into the index, if it is still the one read:
 #: a new entry, or a copy of one already there with the same keys (``digests``
@@ -347,10 +349,15 @@ def make_poison_entry(task_id: str, raw: Any, reason: str, message: str) -> dict
     base: str = raw_map["base"] if isinstance(raw_map.get("base"), str) else ""
     # Clipped: a forged message may carry megabytes per item, and the entry must stay small.
     items: list[str] = []
-    budget = POISON_CHARS_KEPT
+    budget, oversized = POISON_CHARS_KEPT, 0
     for r in rest:
         if not isinstance(r, str):
             continue
+        if len(base) + len(r) > MAX_ITEM_LENGTH:
+            # Longer than any S3 key, so not a key: a few are shown, clipped, as evidence.
+            oversized += 1
+            if oversized > POISON_OVERSIZED_SHOWN:
+                continue
         item = _clip(base, r)
         budget -= len(item)
         if budget < 0:

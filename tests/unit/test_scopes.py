@@ -175,9 +175,15 @@ def test_a_poison_entry_keeps_every_key_of_a_batch_sized_message():
 
 
 def test_a_forged_message_larger_than_any_batch_is_counted_not_stored_whole():
-    rest = ["x" * 1024] * 5000
+    many = ["x" * 1024] * 5000
+    oversized = ["y" * 100_000] * 1000
 
-    entry = make_poison_entry("t2", {"base": "", "rest": rest}, "too_many_keys", "")
+    entry = make_poison_entry("t2", {"base": "", "rest": many}, "too_many_keys", "")
+    huge = make_poison_entry("t3", {"base": "k/", "rest": oversized}, "malformed", "")
 
+    # Key-sized items are kept up to twice the largest batch; longer ones are no keys at
+    # all, and only a few are shown, clipped
     assert entry["dead_letter"]["item_count"] == 5000
     assert 1000 < len(entry["dead_letter"]["items"]) < 5000
+    assert huge["dead_letter"]["item_count"] == 1000
+    assert len(huge["dead_letter"]["items"]) == 50
