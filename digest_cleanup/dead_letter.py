@@ -44,7 +44,7 @@ from typing import Any
 from digest_cleanup.batches import MAX_ITEM_LENGTH, MAX_MESSAGE_ITEMS, BatchPayload
 from digest_cleanup.errors import DeadLetterError
 from digest_cleanup.kinds import ItemResult
-from digest_cleanup.runs import RunStore
+from digest_cleanup.runs import RunStore, as_text
 
 #: What a failed run's message gains when its dead letters are redriven.
 FAILED_RUN_NOTE = (
@@ -490,12 +490,12 @@ class DeadLetterQueue:
             members = self.redis.smembers(
                 self._key("run", run) if run is not None else self._key("target", target or "")
             )
-            ids = [_text(m) for m in members]
+            ids = [as_text(m) for m in members]
             scores = self.redis.zmscore(self._key("order"), ids) if ids else []
             ids = [i for _, i in sorted(zip((s or 0.0 for s in scores), ids, strict=True))]
         else:
             ordered: list[bytes] = self.redis.zrange(self._key("order"), 0, -1)  # type: ignore[assignment]
-            ids = [_text(m) for m in ordered]
+            ids = [as_text(m) for m in ordered]
         return self._load(ids)
 
     def _load(self, ids: Sequence[str]) -> list[Entry]:
@@ -630,10 +630,6 @@ def _decode(raw: bytes | str) -> Entry:
     return Entry(
         id=entry_id, payload=payload, raw_kwargs=kwargs if isinstance(kwargs, dict) else {}
     )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _clip(base: str, rest: str) -> str:

@@ -324,7 +324,3 @@ def snapshot(metrics: Iterable[Metric]) -> dict[str, Any]:
         }
         for m in metrics
     }
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -297,7 +297,7 @@ class RunStore:
             keys=[self.run_key(run_id), self.key("runs"), self.key("target", target, "latest")],
             args=[json.dumps(data), time.time(), run_id],
         )
-        return _text(result)
+        return as_text(result)
 
     def get(self, run_id: str) -> RunView:
         fields = self.redis.hgetall(self.run_key(run_id))
@@ -305,7 +305,7 @@ class RunStore:
             raise RunStateError(
                 f"no run {run_id!r} in the run store; list runs with 'digest-cleanup runs'"
             )
-        return RunView(run_id, {_text(k): _text(v) for k, v in fields.items()})
+        return RunView(run_id, {as_text(k): as_text(v) for k, v in fields.items()})
 
     def find(self, run_id: str) -> RunView | None:
         try:
@@ -375,7 +375,7 @@ class RunStore:
                 *new_batches,
             ],
         )
-        return _text(result)
+        return as_text(result)
 
     def count_sweep_error(self, run_id: str) -> int:
         """Count one failed sweep slice since the last checkpoint; returns the count."""
@@ -450,7 +450,7 @@ class RunStore:
             ],
             args=[rec.claim, json.dumps(payload), now_iso()],
         )
-        return _text(result)
+        return as_text(result)
 
     def skipped_items(self, run_id: str) -> Iterator[dict[str, str]]:
         """The items the run left alone on purpose, with their code and why."""
@@ -462,7 +462,7 @@ class RunStore:
         raw = self.redis.lrange(self.key("timings", target), 0, limit - 1)
         rows = []
         for line in raw:
-            service, delete, items = _text(line).split()
+            service, delete, items = as_text(line).split()
             rows.append((float(service), float(delete), int(items)))
         return rows
 
@@ -489,16 +489,16 @@ class RunStore:
             keys=[self.run_key(run_id), self.run_key(run_id, "sweep_lease")],
             args=[message, now_iso()],
         )
-        return _text(result)
+        return as_text(result)
 
     def retry_codes(self, run_id: str) -> dict[str, int]:
         raw = self.redis.hgetall(self.run_key(run_id, "retry_codes"))
-        return {_text(k): int(v) for k, v in raw.items()}
+        return {as_text(k): int(v) for k, v in raw.items()}
 
     def retried_codes(self, run_id: str) -> dict[str, int]:
         """Batch attempts that published a retry, by the error code of the retried items."""
         raw = self.redis.hgetall(self.run_key(run_id, "retried_codes"))
-        return {_text(k): int(v) for k, v in raw.items()}
+        return {as_text(k): int(v) for k, v in raw.items()}
 
     def is_recorded(self, run_id: str, claim: str) -> bool:
         """True when an attempt with this claim has already been recorded."""
@@ -513,7 +513,7 @@ class RunStore:
         raw: list[tuple[bytes, float]] = self.redis.zrange(  # type: ignore[assignment]
             self.run_key(run_id, "pending"), 0, -1, withscores=True
         )
-        return [(_text(m), float(s)) for m, s in raw]
+        return [(as_text(m), float(s)) for m, s in raw]
 
     def reset(self, run_id: str) -> None:
         """Forget a run entirely, so the same run id can start over."""
@@ -547,12 +547,12 @@ class RunStore:
 
     def last_success(self, target: str) -> str | None:
         raw = self.redis.get(self.key("target", target, "last_success"))
-        return None if raw is None else _text(raw)
+        return None if raw is None else as_text(raw)
 
     def latency(self, target: str) -> dict[str, str]:
         """The target's enqueue-to-acknowledgement histogram (bucket -> count, sum, count)."""
         raw = self.redis.hgetall(self.key("latency", target))
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return {as_text(k): as_text(v) for k, v in raw.items()}
 
     def save_verify(self, target: str, result: Mapping[str, Any]) -> None:
         """Keep the target's latest ``verify`` result, which the metrics read."""
@@ -562,16 +562,16 @@ class RunStore:
 
     def last_verify(self, target: str) -> dict[str, str]:
         raw = self.redis.hgetall(self.key("target", target, "verify"))
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return {as_text(k): as_text(v) for k, v in raw.items()}
 
     def latest(self, target: str) -> str | None:
         raw = self.redis.get(self.key("target", target, "latest"))
-        return None if raw is None else _text(raw)
+        return None if raw is None else as_text(raw)
 
     def run_ids(self, limit: int = 50) -> Iterator[str]:
         """Most recent runs first."""
         for raw in self.redis.zrevrange(self.key("runs"), 0, limit - 1):
-            yield _text(raw)
+            yield as_text(raw)
 
 
 def epoch_of(iso: str | None) -> float | None:
@@ -597,5 +597,6 @@ def _field(value: Any) -> str | int | float:
     return json.dumps(value)
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A Redis reply as text (redis-py returns bytes unless told otherwise)."""
     return value.decode() if isinstance(value, bytes) else str(value)
