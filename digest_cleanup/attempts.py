@@ -47,7 +47,7 @@ def process(runtime: Runtime, raw: Any, task_id: str, publisher: Publisher) -> B
     except PoisonMessage as poison:
         return _poison(runtime, raw, task_id, poison, publisher)
     try:
-        kind = _check(runtime, payload)
+        kind = check_batch(runtime, payload)
     except RefusedBatch as refused:
         return _refuse(runtime, payload, refused, publisher, started)
 
@@ -80,12 +80,13 @@ def process(runtime: Runtime, raw: Any, task_id: str, publisher: Publisher) -> B
     )
 
 
-def _check(runtime: Runtime, payload: BatchPayload) -> TargetKind:
+def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
     """Return the kind for a batch that may be deleted, or raise :class:`RefusedBatch`.
 
     Every check reads this worker's own targets file and clock, never the
     message's word: a batch outlives the configuration that listed it (retries,
-    redrives, duplicate deliveries), and a message can be forged.
+    redrives, duplicate deliveries), and a message can be forged.  A redrive runs
+    the same checks before it moves an entry (see :mod:`digest_cleanup.redrive`).
     """
     try:
         target = runtime.target(payload.target)

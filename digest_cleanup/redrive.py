@@ -11,8 +11,8 @@ store, with the same rules a worker applies to every batch:
 
 An entry that fails a check is not moved: it stays where it is, with all its
 keys, and the reason is reported, so nothing is turned into a lesser entry or
-lost.  The worker checks again on delivery; this check only keeps a redrive
-from being refused after the fact.
+lost.  The worker checks again on delivery; checking first only keeps a
+redrive from being refused after the fact.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from digest_cleanup.attempts import check_batch
 from digest_cleanup.dead_letter import DeadLetterQueue, Entry
-from digest_cleanup.errors import ConfigError, CutoffError
+from digest_cleanup.errors import ConfigError, RefusedBatch
 from digest_cleanup.runtime import Runtime
 
 
@@ -43,47 +44,23 @@ class Outcome:
 
 
 def refusal(runtime: Runtime, entry: Entry) -> Refusal | None:
-    """Why ``entry`` must not be redriven now, or None when it may."""
-    payload = entry.payload
-    if payload is None:
+    """Why ``entry`` must not be redriven now, or None when it may.
+
+    The checks are the worker's own (:func:`~digest_cleanup.attempts.check_batch`),
+    so a redrive is refused for exactly what its delivery would be refused for.
+    """
+    if entry.payload is None:
         return Refusal(
             entry.id,
             "poison",
             "the message never decoded as a batch; inspect it with 'dlq show' and purge it",
         )
     try:
-        target = runtime.target(payload.target)
-        scope = runtime.kind(target.name).scope_digest
-    except ConfigError as exc:
-        return Refusal(entry.id, "unknown_target", f"{exc}; fix the targets file, then redrive")
-    if payload.scope != scope:
-        return Refusal(
-            entry.id,
-            "target_changed",
-            f"listed under another scope of target {target.name} (bucket, prefix or "
-            "versions); put the configuration back to redrive, or purge the entry: the "
-            "target's next run lists its keys afresh",
-        )
-    try:
-        target.check_cutoff(payload.cutoff_datetime())
-    except CutoffError as exc:
-        return Refusal(entry.id, "inside_retention", str(exc))
-    run = runtime.store.find(payload.run_id)
-    if run is None or run.fields.get("target") != payload.target:
-        return Refusal(
-            entry.id,
-            "unknown_run",
-            f"run {payload.run_id} is no longer in the run store (its state ages out after 35 "
-            "days, or Redis lost it); run the target again: its listing finds these keys if "
-            "they are still expired",
-        )
-    if run.fields.get("token", "") != payload.run_token:
-        return Refusal(
-            entry.id,
-            "stale_run",
-            f"run {payload.run_id} was restarted since this entry was made; the new run "
-            "lists its own keys, so purge this entry once that run has ended",
-        )
+        check_batch(runtime, entry.payload)
+    except RefusedBatch as refused:
+        return Refusal(entry.id, refused.code, refused.message)
+    except ConfigError as exc:  # a kind that cannot be built here, such as a missing DSN
+        return Refusal(entry.id, "unknown_target", f"{exc}; fix the configuration, then redrive")
     return None
 
 
