@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 from abc import ABC, abstractmethod
@@ -165,9 +166,9 @@ class TargetKind(ABC):
         """
         return {"kind": self.name, **dataclasses.asdict(self.options)}
 
-    @property
+    @functools.cached_property
     def scope_digest(self) -> str:
-        """A short, stable digest of :meth:`scope`."""
+        """A short, stable digest of :meth:`scope`; an instance's options never change."""
         text = json.dumps(self.scope(), sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
