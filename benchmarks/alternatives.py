@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds.s3 import make_client
-from digest_cleanup.settings import Settings
 from digest_cleanup.testing.servers import s3_client
 
 #: Keys per DeleteObjects request in the probe: the most S3 takes.

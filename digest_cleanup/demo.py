@@ -30,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from digest_cleanup.sweep import run_id_for
+from digest_cleanup.pipeline.sweep import run_id_for
 from digest_cleanup.testing.seed import create_bucket, digest_layout_keys, seed_keys
 from digest_cleanup.testing.servers import LOOPBACK, RedisServer, WeedServer, free_port, s3_client
 from digest_cleanup.testing.stack import Stack, wait_for

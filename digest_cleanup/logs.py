@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, unquote
 
-from digest_cleanup.settings import Settings
+from digest_cleanup.config.settings import Settings
 
 #: Hex digits kept from the SHA-256 of a customer segment: enough to correlate
 #: lines about one customer, too few to be a lookup key on their own.

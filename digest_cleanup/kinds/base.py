@@ -28,8 +28,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar, Literal, get_type_hints
 
+from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import TargetsFileError
-from digest_cleanup.settings import Settings
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

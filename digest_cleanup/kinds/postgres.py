@@ -34,6 +34,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 
+from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import (
     ItemError,
     PermanentError,
@@ -42,7 +43,6 @@ from digest_cleanup.errors import (
     TransientError,
 )
 from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, ItemResult, Outcome, Page, TargetKind
-from digest_cleanup.settings import Settings
 
 #: The environment variable holding the DSN when a target names none.
 DEFAULT_DSN_ENV = "CLEANUP_POSTGRES_DSN"

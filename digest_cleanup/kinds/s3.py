@@ -45,6 +45,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
+from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import ItemError, PermanentError, TargetsFileError, TransientError
 from digest_cleanup.kinds import s3_listing, s3_shards
 from digest_cleanup.kinds.base import (
@@ -56,7 +57,6 @@ from digest_cleanup.kinds.base import (
     TargetKind,
     parse_dataclass,
 )
-from digest_cleanup.settings import Settings
 
 #: DeleteObjects takes at most this many keys per request.
 DELETE_OBJECTS_LIMIT = 1000

@@ -32,13 +32,13 @@ import celery
 from celery.contrib.testing.worker import TestWorkController, test_worker_started
 from kombu.asynchronous import get_event_loop, set_event_loop
 
-from digest_cleanup.app import BATCH_QUEUE, SWEEP_QUEUE, create_app, dead_letter_queue
-from digest_cleanup.progress import wait
-from digest_cleanup.runtime import Runtime
-from digest_cleanup.settings import Settings
-from digest_cleanup.sweep import start
-from digest_cleanup.targets import parse_targets, utcnow
-from digest_cleanup.tasks.base import enqueue_sweep
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.config.targets import parse_targets, utcnow
+from digest_cleanup.pipeline.progress import wait
+from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.pipeline.sweep import start
+from digest_cleanup.worker.app import BATCH_QUEUE, SWEEP_QUEUE, create_app, dead_letter_queue
+from digest_cleanup.worker.tasks.base import enqueue_sweep
 
 #: Seconds a run may take before :func:`run_pipeline` gives up waiting.
 DEFAULT_TIMEOUT = 120.0

@@ -31,7 +31,7 @@ import psutil
 import pytest
 import redis
 
-from digest_cleanup.runs import RunStore, RunView
+from digest_cleanup.pipeline.runs import RunStore, RunView
 from digest_cleanup.testing.faults import FaultProxy
 from digest_cleanup.testing.seed import digest_layout_keys, seed_keys
 from digest_cleanup.testing.servers import WeedServer, require

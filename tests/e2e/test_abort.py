@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from digest_cleanup.app import dead_letter_queue
-from digest_cleanup.runtime import Runtime
-from digest_cleanup.settings import Settings
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.stack import wait_for
+from digest_cleanup.worker.app import dead_letter_queue
 from tests.conftest import list_keys, s3_targets, seed_split
 
 pytestmark = pytest.mark.e2e

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import redis
 
-from digest_cleanup.runs import RunStore
-from digest_cleanup.sweep import run_id_for
+from digest_cleanup.pipeline.runs import RunStore
+from digest_cleanup.pipeline.sweep import run_id_for
 from digest_cleanup.testing.stack import Process, Stack, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -183,8 +183,8 @@ def test_a_redelivered_trigger_still_starts_the_run_it_claimed(make_stack, bucke
 
 
 def _send_trigger(stack: Stack, task_id: str) -> None:
-    from digest_cleanup.app import SWEEP_QUEUE, create_app
-    from digest_cleanup.settings import Settings
+    from digest_cleanup.config.settings import Settings
+    from digest_cleanup.worker.app import SWEEP_QUEUE, create_app
 
     app = create_app(Settings.from_env(stack.env))
     app.send_task(
@@ -200,10 +200,10 @@ def _schedule_file_last_run(stack: Stack, path: Path, last_run_at: datetime) -> 
     """Write, with Celery's own scheduler, a schedule file whose entries last ran then."""
     from celery.beat import PersistentScheduler
 
-    from digest_cleanup.app import create_app
-    from digest_cleanup.beat_schedule import build_schedule
-    from digest_cleanup.settings import Settings
-    from digest_cleanup.targets import load_targets
+    from digest_cleanup.config.settings import Settings
+    from digest_cleanup.config.targets import load_targets
+    from digest_cleanup.worker.app import create_app
+    from digest_cleanup.worker.beat_schedule import build_schedule
 
     settings = Settings.from_env(stack.env)
     targets = load_targets(settings.targets_file)

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import redis
 
-from digest_cleanup.app import create_app, dead_letter_queue
-from digest_cleanup.batches import BatchPayload
-from digest_cleanup.redrive import redrive
-from digest_cleanup.runtime import Runtime
-from digest_cleanup.settings import Settings
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.pipeline.redrive import redrive
+from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.stack import Stack, wait_for
+from digest_cleanup.worker.app import create_app, dead_letter_queue
 from tests.conftest import list_keys, s3_targets, scope_of, seed_split
 
 pytestmark = pytest.mark.e2e

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.app import create_app
-from digest_cleanup.batches import BatchPayload
-from digest_cleanup.settings import Settings
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.pipeline.batches import BatchPayload
 from digest_cleanup.testing.stack import Stack, wait_for
+from digest_cleanup.worker.app import create_app
 from tests.conftest import list_keys, put_keys, s3_targets, scope_of, seed_split
 
 pytestmark = pytest.mark.e2e

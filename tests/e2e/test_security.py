@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import redis
 
-from digest_cleanup.app import create_app
-from digest_cleanup.runtime import Runtime
-from digest_cleanup.settings import Settings
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.faults import FaultProxy
 from digest_cleanup.testing.servers import (
     RedisServer,
@@ -26,6 +25,7 @@ from digest_cleanup.testing.servers import (
     require,
 )
 from digest_cleanup.testing.stack import Stack
+from digest_cleanup.worker.app import create_app
 from tests.conftest import REPO_ROOT, list_keys, s3_targets, seed_split
 
 pytestmark = pytest.mark.e2e

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable, Iterator
 import pytest
 import redis
 
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.config.targets import parse_targets, utcnow
 from digest_cleanup.errors import TargetsFileError
 from digest_cleanup.kinds import Outcome
-from digest_cleanup.settings import Settings
-from digest_cleanup.targets import parse_targets, utcnow
 from digest_cleanup.testing.pipeline import PipelineResult
 from digest_cleanup.testing.servers import RedisServer
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from digest_cleanup.targets import parse_targets
+from digest_cleanup.config.targets import parse_targets
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "adding-a-cleanup-task.md"

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from botocore.awsrequest import AWSResponse
 
-from digest_cleanup.batches import BatchPayload
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.config.targets import parse_targets, utcnow
 from digest_cleanup.errors import TransientError
 from digest_cleanup.kinds import s3_shards
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
-from digest_cleanup.runtime import Runtime
-from digest_cleanup.settings import Settings
-from digest_cleanup.sweep import start, sweep_slice
-from digest_cleanup.targets import parse_targets, utcnow
+from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.pipeline.sweep import start, sweep_slice
 from digest_cleanup.testing.seed import create_bucket, seed_keys
 from digest_cleanup.testing.stack import wait_for
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.app import create_app, dead_letter_queue
-from digest_cleanup.batches import BatchPayload
-from digest_cleanup.dead_letter import DeadLetterQueue, index_headers, make_entry
+from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import ItemResult, Outcome
-from digest_cleanup.runtime import Runtime
-from digest_cleanup.settings import Settings
+from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.pipeline.dead_letter import DeadLetterQueue, index_headers, make_entry
+from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.worker.app import create_app, dead_letter_queue
 
 
 @pytest.fixture

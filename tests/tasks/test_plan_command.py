@@ -7,7 +7,7 @@ import json
 import pytest
 
 from digest_cleanup.cli import main
-from digest_cleanup.runs import BatchRecord, RunStore
+from digest_cleanup.pipeline.runs import BatchRecord, RunStore
 
 TARGETS = """
 [targets.statements]

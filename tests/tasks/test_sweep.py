@@ -9,13 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from digest_cleanup import sweep as sweep_module
-from digest_cleanup.batches import BatchPayload
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import RunStateError
-from digest_cleanup.runtime import Runtime
-from digest_cleanup.settings import Settings
-from digest_cleanup.sweep import on_slice_error, start, sweep_slice
-from digest_cleanup.targets import parse_targets
+from digest_cleanup.pipeline import sweep as sweep_module
+from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.pipeline.sweep import on_slice_error, start, sweep_slice
 from digest_cleanup.testing import memory
 
 CUTOFF = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)

@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 import redis
 
-from digest_cleanup.app import create_app, dead_letter_queue
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.kinds import Outcome
-from digest_cleanup.runtime import Runtime
-from digest_cleanup.settings import Settings
-from digest_cleanup.sweep import start
-from digest_cleanup.targets import parse_targets
-from digest_cleanup.tasks.base import enqueue_sweep
+from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.pipeline.sweep import start
 from digest_cleanup.testing import memory
 from digest_cleanup.testing.servers import RedisServer
 from digest_cleanup.testing.stack import wait_for
+from digest_cleanup.worker.app import create_app, dead_letter_queue
+from digest_cleanup.worker.tasks.base import enqueue_sweep
 
 CUTOFF = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
 OLD = CUTOFF - timedelta(days=3)
@@ -82,7 +82,7 @@ def celery_worker_parameters() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def celery_includes() -> list[str]:
-    return ["digest_cleanup.tasks.sweep", "digest_cleanup.tasks.batch"]
+    return ["digest_cleanup.worker.tasks.sweep", "digest_cleanup.worker.tasks.batch"]
 
 
 @pytest.fixture

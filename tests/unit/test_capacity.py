@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from digest_cleanup.capacity import (
+from digest_cleanup.cli import build_parser, main
+from digest_cleanup.errors import UsageError
+from digest_cleanup.pipeline.capacity import (
     NoMeasurements,
     ServiceTimes,
     parse_duration,
     plan,
 )
-from digest_cleanup.cli import build_parser, main
-from digest_cleanup.errors import UsageError
 
 #: 100 attempts of 500 items, each 0.5 s of which 0.45 s was the delete call.
 STEADY = [(0.5, 0.45, 500)] * 100

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from digest_cleanup.progress import Rate, numbers, plain_view
-from digest_cleanup.runs import RunView
+from digest_cleanup.pipeline.progress import Rate, numbers, plain_view
+from digest_cleanup.pipeline.runs import RunView
 
 
 def iso(seconds_ago: float) -> str:

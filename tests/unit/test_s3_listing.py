@@ -10,9 +10,9 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
+from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import s3_listing
 from digest_cleanup.kinds.s3 import _fast_timestamp, make_client
-from digest_cleanup.settings import Settings
 
 ENDPOINT = "http://127.0.0.1:9"  # never reached: every response is served by a hook
 

@@ -22,17 +22,17 @@ PACKAGE = Path(digest_cleanup.__file__).parent
 
 #: The modules that must serve every kind alike.
 PIPELINE_MODULES = (
-    "sweep.py",
-    "attempts.py",
-    "batches.py",
-    "dead_letter.py",
-    "runs.py",
-    "reports.py",
-    "runtime.py",
-    "progress.py",
-    "tasks/base.py",
-    "tasks/batch.py",
-    "tasks/sweep.py",
+    "pipeline/sweep.py",
+    "pipeline/attempts.py",
+    "pipeline/batches.py",
+    "pipeline/dead_letter.py",
+    "pipeline/runs.py",
+    "pipeline/lifecycle.py",
+    "pipeline/runtime.py",
+    "pipeline/progress.py",
+    "worker/tasks/base.py",
+    "worker/tasks/batch.py",
+    "worker/tasks/sweep.py",
 )
 #: Store client libraries, each allowed in its kind's module only.
 STORE_LIBRARIES = {
@@ -131,8 +131,8 @@ def test_pipeline_imports_and_registers_its_tasks_without_any_store_library() ->
             "import importlib, sys",
             f"for name in {blocked!r}: sys.modules[name] = None",
             f"for name in {modules!r}: importlib.import_module(name)",
-            "from digest_cleanup.app import create_app",
-            "from digest_cleanup.settings import Settings",
+            "from digest_cleanup.worker.app import create_app",
+            "from digest_cleanup.config.settings import Settings",
             "app = create_app(Settings())",
             "app.loader.import_default_modules()",
             "print(sorted(t for t in app.tasks if t.startswith('digest_cleanup.')))",

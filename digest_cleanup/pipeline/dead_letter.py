@@ -41,10 +41,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from digest_cleanup.batches import MAX_ITEM_LENGTH, MAX_MESSAGE_ITEMS, BatchPayload
 from digest_cleanup.errors import DeadLetterError
 from digest_cleanup.kinds import ItemResult
-from digest_cleanup.runs import RunStore, as_text
+from digest_cleanup.pipeline.batches import MAX_ITEM_LENGTH, MAX_MESSAGE_ITEMS, BatchPayload
+from digest_cleanup.pipeline.runs import RunStore, as_text
 
 #: What a failed run's message gains when its dead letters are redriven.
 FAILED_RUN_NOTE = (
@@ -548,7 +548,7 @@ class DeadLetterQueue:
     def redrive_one(self, entry: Entry) -> bool:
         """Move one entry back onto the work queue; False when it was no longer there.
 
-        Callers check first that it may go (see :mod:`digest_cleanup.redrive`).
+        Callers check first that it may go (see :mod:`digest_cleanup.pipeline.redrive`).
         """
         if entry.payload is None:
             raise DeadLetterError(f"{entry.id} is a poison entry and cannot be redriven")

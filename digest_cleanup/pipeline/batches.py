@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PoisonMessage
 from digest_cleanup.kinds import ItemResult, Outcome
-from digest_cleanup.settings import Settings
 
 #: The most items a batch message may carry, whatever the target says: a larger
 #: message is poison (a forged or corrupted one), never split and deleted.

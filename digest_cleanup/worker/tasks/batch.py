@@ -8,10 +8,10 @@ import redis
 from celery import shared_task
 from celery.exceptions import Reject, Retry
 
-from digest_cleanup.attempts import give_up, process
-from digest_cleanup.batches import BatchPayload, backoff
-from digest_cleanup.dead_letter import index_headers
-from digest_cleanup.tasks.base import HIDDEN_KWARGS, CleanupTask, DeadLettered
+from digest_cleanup.pipeline.attempts import give_up, process
+from digest_cleanup.pipeline.batches import BatchPayload, backoff
+from digest_cleanup.pipeline.dead_letter import index_headers
+from digest_cleanup.worker.tasks.base import HIDDEN_KWARGS, CleanupTask, DeadLettered
 
 
 class _TaskPublisher:

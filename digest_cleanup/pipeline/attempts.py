@@ -22,19 +22,19 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from digest_cleanup.batches import (
+from digest_cleanup.errors import CutoffError, PoisonMessage, RefusedBatch, TargetsFileError
+from digest_cleanup.kinds import ItemResult, Outcome, TargetKind
+from digest_cleanup.logs import log_event
+from digest_cleanup.pipeline.batches import (
     BatchPayload,
     BatchReport,
     Publisher,
     backoff,
     decide,
 )
-from digest_cleanup.dead_letter import make_entry, make_poison_entry
-from digest_cleanup.errors import CutoffError, PoisonMessage, RefusedBatch, TargetsFileError
-from digest_cleanup.kinds import ItemResult, Outcome, TargetKind
-from digest_cleanup.logs import log_event
-from digest_cleanup.runs import BatchRecord
-from digest_cleanup.runtime import Runtime
+from digest_cleanup.pipeline.dead_letter import make_entry, make_poison_entry
+from digest_cleanup.pipeline.runs import BatchRecord
+from digest_cleanup.pipeline.runtime import Runtime
 
 logger = logging.getLogger("digest_cleanup.batch")
 
@@ -86,7 +86,7 @@ def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
     Every check reads this worker's own targets file and clock, never the
     message's word: a batch outlives the configuration that listed it (retries,
     redrives, duplicate deliveries), and a message can be forged.  A redrive runs
-    the same checks before it moves an entry (see :mod:`digest_cleanup.redrive`).
+    the same checks before it moves an entry (see :mod:`digest_cleanup.pipeline.redrive`).
     """
     try:
         target = runtime.target(payload.target)
@@ -308,7 +308,7 @@ def _follow_up_and_record(
         duration=round(time.monotonic() - started, 4),
     )
     if report.recorded == "finished":
-        from digest_cleanup.reports import finish_run
+        from digest_cleanup.pipeline.lifecycle import finish_run
 
         finish_run(runtime, payload.run_id)
     return report
@@ -354,7 +354,7 @@ def _poison(
             ),
         )
         if report.recorded == "finished":
-            from digest_cleanup.reports import finish_run
+            from digest_cleanup.pipeline.lifecycle import finish_run
 
             finish_run(runtime, report.run_id)
     log_event(logger, "batch", runtime.settings, level=logging.WARNING, **report.as_dict())

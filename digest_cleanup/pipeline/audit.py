@@ -3,7 +3,7 @@
 ``CLEANUP_AUDIT_URL`` is an ``s3://bucket/prefix/`` location, whatever kind the
 target is: the report of a PostgreSQL run goes to S3 too.  Each run writes
 ``TARGET/RUN_ID/summary.json`` and ``TARGET/RUN_ID/not_deleted.jsonl`` there.
-The writer lives here, apart from :mod:`digest_cleanup.reports`, so that the code
+The writer lives here, apart from :mod:`digest_cleanup.pipeline.lifecycle`, so that the code
 that ends runs never touches a storage client of its own.
 """
 
@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from digest_cleanup.settings import Settings
+from digest_cleanup.config.settings import Settings
 
 #: Attempts per report object.  A run's report is written once, at its end, so
 #: unlike deletes it is retried in place rather than by the pipeline.

@@ -1,7 +1,7 @@
 """Capacity planning from measured service times: how many delete slots a window needs.
 
 Every batch attempt records its wall time, the time of its delete call and its
-item count in the run store (:meth:`~digest_cleanup.runs.RunStore.timings`).
+item count in the run store (:meth:`~digest_cleanup.pipeline.runs.RunStore.timings`).
 From those, for ``artifacts`` items to be deleted within ``window`` seconds:
 
 * per-item service time ``t`` = total attempt seconds / total items attempted

@@ -9,11 +9,11 @@ from typing import Any
 from celery import Celery, signals
 from kombu.entity import Queue
 
-from digest_cleanup import broker
-from digest_cleanup.dead_letter import DeadLetterQueue
-from digest_cleanup.runtime import Runtime
-from digest_cleanup.settings import Settings
-from digest_cleanup.targets import Targets
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.config.targets import Targets
+from digest_cleanup.pipeline.dead_letter import DeadLetterQueue
+from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.worker import broker
 
 #: Queue of sweep slices and beat triggers.
 SWEEP_QUEUE = "sweeps"
@@ -24,7 +24,7 @@ BATCH_QUEUE = "batches"
 #: leaves a killed worker's batch waiting ~100 s longer than it must.
 UNACKED_RESTORE_INTERVAL = 5
 
-TASKS = ("digest_cleanup.tasks.sweep", "digest_cleanup.tasks.batch")
+TASKS = ("digest_cleanup.worker.tasks.sweep", "digest_cleanup.worker.tasks.batch")
 
 
 def create_app(settings: Settings | None = None, targets: Targets | None = None) -> Celery:

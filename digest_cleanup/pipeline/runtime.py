@@ -15,10 +15,10 @@ from functools import cached_property
 
 import redis
 
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.config.targets import Target, Targets, load_targets
 from digest_cleanup.kinds import TargetKind
-from digest_cleanup.runs import RunStore
-from digest_cleanup.settings import Settings
-from digest_cleanup.targets import Target, Targets, load_targets
+from digest_cleanup.pipeline.runs import RunStore
 
 logger = logging.getLogger("digest_cleanup.runtime")
 

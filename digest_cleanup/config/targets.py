@@ -19,9 +19,9 @@ from typing import Any
 
 from celery.schedules import crontab
 
+from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import CutoffError, TargetsFileError
 from digest_cleanup.kinds import TargetKind, load_kind
-from digest_cleanup.settings import Settings
 
 #: Keys in one DeleteObjects-sized batch unless the target says otherwise.
 DEFAULT_BATCH_SIZE = 500

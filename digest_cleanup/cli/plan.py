@@ -1,6 +1,6 @@
 """``digest-cleanup plan``: delete slots and workers for a window, from measured service times.
 
-The arithmetic is :mod:`digest_cleanup.capacity`; this module reads the batch
+The arithmetic is :mod:`digest_cleanup.pipeline.capacity`; this module reads the batch
 timings recent runs left in the run store and prints the plan.
 """
 
@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from digest_cleanup.capacity import (
+from digest_cleanup.config.targets import DEFAULT_BATCH_SIZE
+from digest_cleanup.errors import UsageError
+from digest_cleanup.pipeline.capacity import (
     DEFAULT_PER_WORKER,
     DEFAULT_UTILIZATION,
     Plan,
@@ -17,8 +19,6 @@ from digest_cleanup.capacity import (
     parse_duration,
     plan,
 )
-from digest_cleanup.errors import UsageError
-from digest_cleanup.targets import DEFAULT_BATCH_SIZE
 
 if TYPE_CHECKING:
     from digest_cleanup.cli import Context

@@ -8,10 +8,10 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
-from digest_cleanup import audit
-from digest_cleanup.dead_letter import DeadLetterQueue, Entry
 from digest_cleanup.errors import UsageError
-from digest_cleanup.runs import now_iso
+from digest_cleanup.pipeline import audit
+from digest_cleanup.pipeline.dead_letter import DeadLetterQueue, Entry
+from digest_cleanup.pipeline.runs import now_iso
 
 if TYPE_CHECKING:
     from digest_cleanup.cli import Context
@@ -21,7 +21,7 @@ KEYS_SHOWN = 5
 
 
 def _queue(ctx: Context) -> DeadLetterQueue:
-    from digest_cleanup.app import dead_letter_queue
+    from digest_cleanup.worker.app import dead_letter_queue
 
     ctx.ping()
     return dead_letter_queue(ctx.runtime)
@@ -90,8 +90,8 @@ def cmd_show(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_redrive(args: argparse.Namespace, ctx: Context) -> int:
     """Move the selected entries back; exit 1 when any was refused (it stays, with why)."""
-    from digest_cleanup import redrive
     from digest_cleanup.cli import _print_json
+    from digest_cleanup.pipeline import redrive
 
     dlq = _queue(ctx)
     entries = _select(args, dlq)

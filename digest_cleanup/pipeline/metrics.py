@@ -24,8 +24,8 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from digest_cleanup.runs import LATENCY_BUCKETS, RunView, epoch_of
-from digest_cleanup.runtime import Runtime
+from digest_cleanup.pipeline.runs import LATENCY_BUCKETS, RunView, epoch_of
+from digest_cleanup.pipeline.runtime import Runtime
 
 logger = logging.getLogger("digest_cleanup.metrics")
 
@@ -115,7 +115,7 @@ class RunStateCollector:
 
     def families(self) -> list[Metric]:
         """Read the run store once and build every family; raises on a Redis error."""
-        from digest_cleanup.app import dead_letter_queue
+        from digest_cleanup.worker.app import dead_letter_queue
 
         now = self.clock()
         states = [self._read(t.name) for t in self.runtime.targets]

@@ -19,9 +19,9 @@ from typing import Any
 
 import redis
 
-from digest_cleanup.broker import eviction_problem, safe_url
+from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import CleanupError, ConfigError, UsageError
-from digest_cleanup.settings import Settings
+from digest_cleanup.worker.broker import eviction_problem, safe_url
 
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 STATUS_EXIT = {"complete": EXIT_OK, "complete_with_failures": EXIT_FAILURES, "failed": EXIT_FAILED}
@@ -33,7 +33,7 @@ class Context:
     """What a command needs, built lazily so ``--help`` needs no Redis."""
 
     def __init__(self, settings: Settings) -> None:
-        from digest_cleanup.runtime import Runtime
+        from digest_cleanup.pipeline.runtime import Runtime
 
         self.settings = settings
         self.runtime = Runtime(settings)
@@ -42,7 +42,7 @@ class Context:
     @property
     def app(self) -> Any:
         if self._app is None:
-            from digest_cleanup.app import create_app
+            from digest_cleanup.worker.app import create_app
 
             self._app = create_app(self.settings, self.runtime.targets)
             self._app.digest_cleanup_runtime = self.runtime
@@ -128,17 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target")
     p.add_argument("--cutoff", help="ISO 8601; default now minus retention_days")
 
-    from digest_cleanup import cli_check
+    from digest_cleanup.cli import check as cli_check
 
     p = add("check", cli_check.run, "probe a target's store and Redis before a first run")
     cli_check.register(p)
 
-    from digest_cleanup import cli_metrics
+    from digest_cleanup.cli import metrics as cli_metrics
 
     p = add("metrics", cli_metrics.cmd_metrics, "serve Prometheus metrics read from the run store")
     cli_metrics.add_arguments(p)
 
-    from digest_cleanup import cli_plan
+    from digest_cleanup.cli import plan as cli_plan
 
     p = add("plan", cli_plan.run, "workers and concurrency for N artifacts in a time window")
     cli_plan.register(p)
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--error", help="entries with this error code or reason")
         return p
 
-    from digest_cleanup import cli_dlq
+    from digest_cleanup.cli import dlq as cli_dlq
 
     add_dlq("list", cli_dlq.cmd_list, "peek at dead letters (nothing is consumed)", False)
     p = dsub.add_parser("show", help="show one entry in full")
@@ -209,9 +209,9 @@ def cmd_targets(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
-    from digest_cleanup import progress
-    from digest_cleanup.sweep import start
-    from digest_cleanup.tasks.base import enqueue_sweep
+    from digest_cleanup.pipeline import progress
+    from digest_cleanup.pipeline.sweep import start
+    from digest_cleanup.worker.tasks.base import enqueue_sweep
 
     target = ctx.runtime.target(args.target)
     cutoff = parse_cutoff(args.cutoff) if args.cutoff else target.cutoff_for(_now())
@@ -242,7 +242,7 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
-    from digest_cleanup import progress
+    from digest_cleanup.pipeline import progress
 
     ctx.ping()
     run = ctx.runtime.store.get(args.run_id)
@@ -255,11 +255,11 @@ def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_abort(args: argparse.Namespace, ctx: Context) -> int:
     """Fail a running run on purpose; its next trigger lists the target afresh."""
-    from digest_cleanup import audit
-    from digest_cleanup.app import dead_letter_queue
-    from digest_cleanup.dead_letter import who
-    from digest_cleanup.reports import finish_run
-    from digest_cleanup.runs import now_iso
+    from digest_cleanup.pipeline import audit
+    from digest_cleanup.pipeline.dead_letter import who
+    from digest_cleanup.pipeline.lifecycle import finish_run
+    from digest_cleanup.pipeline.runs import now_iso
+    from digest_cleanup.worker.app import dead_letter_queue
 
     if not args.yes:
         raise UsageError("abort ends the run as failed; look at 'status RUN' first, then add --yes")
@@ -282,7 +282,7 @@ def cmd_abort(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_report(args: argparse.Namespace, ctx: Context) -> int:
     """Write the report of a finished run; counts nothing, so it is safe to repeat."""
-    from digest_cleanup.reports import finish_run
+    from digest_cleanup.pipeline.lifecycle import finish_run
 
     ctx.ping()
     run = ctx.runtime.store.get(args.run_id)

@@ -1,7 +1,7 @@
 """What happens when a run ends: the audit report, the target's last success, the log line.
 
 The report (a summary, plus one line for every item that was not deleted and
-why) goes to the audit location, see :mod:`digest_cleanup.audit`.  It is the
+why) goes to the audit location, see :mod:`digest_cleanup.pipeline.audit`.  It is the
 durable record: Redis state ages out, and a Redis restart may lose it sooner.
 """
 
@@ -11,10 +11,10 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from digest_cleanup import audit
 from digest_cleanup.logs import log_event
-from digest_cleanup.runs import now_iso
-from digest_cleanup.runtime import Runtime
+from digest_cleanup.pipeline import audit
+from digest_cleanup.pipeline.runs import now_iso
+from digest_cleanup.pipeline.runtime import Runtime
 
 logger = logging.getLogger("digest_cleanup.run")
 
@@ -96,7 +96,7 @@ def _duration(summary: dict[str, Any]) -> float | str:
 
 def _not_deleted(runtime: Runtime, run_id: str) -> Any:
     """Every item the run did not delete: kept on purpose first, then dead letters."""
-    from digest_cleanup.app import dead_letter_queue
+    from digest_cleanup.worker.app import dead_letter_queue
 
     for kept in runtime.store.skipped_items(run_id):
         yield {**kept, "reason": "skipped", "entry_id": ""}

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from digest_cleanup.runs import RunStore, RunView, epoch_of
+from digest_cleanup.pipeline.runs import RunStore, RunView, epoch_of
 
 #: Seconds between polls of the run store.
 POLL_SECONDS = 0.5

@@ -10,10 +10,10 @@ import redis
 from celery import shared_task
 from celery.exceptions import Reject
 
+from digest_cleanup.config.targets import CATCH_UP_WINDOW, utcnow
 from digest_cleanup.errors import CutoffError
-from digest_cleanup.sweep import on_slice_error, start, sweep_slice
-from digest_cleanup.targets import CATCH_UP_WINDOW, utcnow
-from digest_cleanup.tasks.base import CleanupTask
+from digest_cleanup.pipeline.sweep import on_slice_error, start, sweep_slice
+from digest_cleanup.worker.tasks.base import CleanupTask
 
 #: How long a beat's claim on a slot is kept: past the catch-up window.
 SLOT_CLAIM_SECONDS = int(CATCH_UP_WINDOW.total_seconds()) + 86_400

@@ -29,14 +29,14 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
-from digest_cleanup.batches import BatchPayload, backoff, batch_id
+from digest_cleanup.config.targets import Target
 from digest_cleanup.errors import CutoffError, ItemError, PermanentError, RunStateError
 from digest_cleanup.kinds import Page, TargetKind
 from digest_cleanup.logs import log_event
-from digest_cleanup.reports import finish_run
-from digest_cleanup.runs import FINAL_STATUSES, RunStore, epoch_of, now_iso
-from digest_cleanup.runtime import Runtime
-from digest_cleanup.targets import Target
+from digest_cleanup.pipeline.batches import BatchPayload, backoff, batch_id
+from digest_cleanup.pipeline.lifecycle import finish_run
+from digest_cleanup.pipeline.runs import FINAL_STATUSES, RunStore, epoch_of, now_iso
+from digest_cleanup.pipeline.runtime import Runtime
 
 logger = logging.getLogger("digest_cleanup.sweep")
 

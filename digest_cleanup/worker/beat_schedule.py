@@ -12,8 +12,8 @@ from typing import Any
 
 from celery import signals
 
-from digest_cleanup.app import SWEEP_QUEUE
-from digest_cleanup.targets import Targets
+from digest_cleanup.config.targets import Targets
+from digest_cleanup.worker.app import SWEEP_QUEUE
 
 #: A trigger still queued this long after its slot is stale; the next beat
 #: start or slot covers it, so it is dropped rather than run late.

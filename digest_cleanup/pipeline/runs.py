@@ -385,7 +385,7 @@ class RunStore:
         """Append batches of expired items to the run's staged list; returns its length.
 
         The guard pass stages what it counted, so publishing reads the batches back
-        instead of listing the target a second time (see :mod:`digest_cleanup.sweep`).
+        instead of listing the target a second time (see :mod:`digest_cleanup.pipeline.sweep`).
         """
         key = self.run_key(run_id, "staged")
         return int(self.redis.rpush(key, *(json.dumps(list(b)) for b in batches)))

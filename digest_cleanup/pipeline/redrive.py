@@ -20,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from digest_cleanup.attempts import check_batch
-from digest_cleanup.dead_letter import DeadLetterQueue, Entry
 from digest_cleanup.errors import ConfigError, RefusedBatch
-from digest_cleanup.runtime import Runtime
+from digest_cleanup.pipeline.attempts import check_batch
+from digest_cleanup.pipeline.dead_letter import DeadLetterQueue, Entry
+from digest_cleanup.pipeline.runtime import Runtime
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Outcome:
 def refusal(runtime: Runtime, entry: Entry) -> Refusal | None:
     """Why ``entry`` must not be redriven now, or None when it may.
 
-    The checks are the worker's own (:func:`~digest_cleanup.attempts.check_batch`),
+    The checks are the worker's own (:func:`~digest_cleanup.pipeline.attempts.check_batch`),
     so a redrive is refused for exactly what its delivery would be refused for.
     """
     if entry.payload is None:

@@ -6,10 +6,10 @@ from typing import Any
 
 from celery import Task
 
-from digest_cleanup.app import BATCH_QUEUE, SWEEP_QUEUE, runtime_of
-from digest_cleanup.batches import BatchPayload, batch_total
 from digest_cleanup.errors import CleanupError
-from digest_cleanup.runtime import Runtime
+from digest_cleanup.pipeline.batches import BatchPayload, batch_total
+from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.worker.app import BATCH_QUEUE, SWEEP_QUEUE, runtime_of
 
 #: What Flower shows instead of a batch's kwargs: never the keys themselves.
 HIDDEN_KWARGS = "{...}"

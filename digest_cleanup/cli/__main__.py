@@ -1,0 +1,3 @@
+from digest_cleanup.cli import main
+
+raise SystemExit(main())
