@@ -2,7 +2,8 @@
 
 A run is started the way ``digest-cleanup run`` starts it
 (:func:`~digest_cleanup.pipeline.sweep.start` with the sweep enqueued on the broker)
-while the workers are already up, and the clock stops at the run's own ``ended_at``, written by the script that finishes it.
+while the workers are already up, and the clock stops at the run's own
+``ended_at``, written by the script that finishes it.
 Meanwhile a sampler reads the run and the batch queue ten times a second until
 the sweep is done, then once a second: when the guard pass ended (the first batch
 published), when the sweep was done, and whether the delete slots ever waited for
