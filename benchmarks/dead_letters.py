@@ -24,10 +24,11 @@ from pathlib import Path
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import ItemResult, Outcome
 from digest_cleanup.pipeline.batches import BatchPayload
-from digest_cleanup.pipeline.dead_letter import index_headers, make_entry
+from digest_cleanup.pipeline.dead_letter import make_entry
+from digest_cleanup.pipeline.messaging import DeadLetter
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.servers import RedisServer
-from digest_cleanup.worker.app import create_app, dead_letter_queue
+from digest_cleanup.worker.app import create_app
 
 #: Queue depths compared: a handful, and far past a bad week.
 DEPTHS = (10, 50_000)
@@ -65,7 +66,7 @@ def _at_depth(settings: Settings, depth: int) -> dict[str, float]:
     runtime = Runtime(settings)
     runtime.redis.flushall()
     template = _published(settings)
-    dlq = dead_letter_queue(runtime)
+    dlq = runtime.dead_letters
     pipe = runtime.redis.pipeline(transaction=False)
     for n in range(depth):
         pipe.lpush(settings.dead_letter_queue, _variant(template, n))
@@ -112,15 +113,11 @@ def _published(settings: Settings) -> str:
     )
     dead = {k: ItemResult(k, Outcome.PERMANENT, "AccessDenied", "Access Denied") for k in keys}
     entry = make_entry(payload, dead, "permanent_error")
-    app = create_app(settings)
-    app.send_task(
-        "digest_cleanup.delete_batch",
-        kwargs=entry.to_message(),
-        task_id="dl-bench-000000",
-        queue=settings.dead_letter_queue,
-        headers=index_headers(entry.to_message()),
+    runtime = create_app(settings).digest_cleanup_runtime
+    runtime.dispatcher.send_dead_letter(
+        DeadLetter("dl-bench-000000", entry.to_message(), entry.describe())
     )
-    client = Runtime(settings).redis
+    client = runtime.redis
     raw = client.rpop(settings.dead_letter_queue)
     assert raw is not None
     return raw.decode()

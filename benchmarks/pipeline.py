@@ -32,12 +32,12 @@ import redis
 
 from benchmarks.environment import children, client_ports, cpu_seconds, memory_kib
 from digest_cleanup.config.settings import Settings
+from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
 from digest_cleanup.pipeline.runs import FINAL_STATUSES, RunStore, epoch_of
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import start
 from digest_cleanup.testing.stack import Process, Stack
-from digest_cleanup.worker.app import BATCH_QUEUE, SWEEP_QUEUE, create_app
-from digest_cleanup.worker.tasks.base import enqueue_sweep
+from digest_cleanup.worker.app import create_app
 
 #: Seconds between samples of the run and the queue while the sweep publishes.
 SAMPLE_SECONDS = 0.1
@@ -245,7 +245,7 @@ class Runner:
             slots = sum(_slots(s) for s in layout.workers if s.deletes)
             settings = Settings.from_env(stack.env)
             runtime = Runtime(settings)
-            app = create_app(settings, runtime.targets)
+            create_app(settings, runtime.targets, runtime=runtime)
             pids = {"weed": self.server_pids["weed"], "redis": self.server_pids["redis"]}
             cpu_before = _cpu(pids, workers)
             # Every key was seeded before the workers started, seconds ago, so every key
@@ -257,7 +257,6 @@ class Runner:
                 runtime,
                 runtime.target(TARGET),
                 cutoff,
-                lambda run_id: enqueue_sweep(app, run_id),
                 dry_run=dry_run,
                 trigger="benchmark",
             ).run_id

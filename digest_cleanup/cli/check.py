@@ -18,7 +18,7 @@ from digest_cleanup.kinds import Finding
 from digest_cleanup.worker import broker
 
 if TYPE_CHECKING:
-    from digest_cleanup.cli import Context
+    from digest_cleanup.cli.context import Context
 
 
 def register(parser: argparse.ArgumentParser) -> None:

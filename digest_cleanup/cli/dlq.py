@@ -8,23 +8,52 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
+from digest_cleanup.cli.context import Command, print_json
 from digest_cleanup.errors import UsageError
 from digest_cleanup.pipeline import audit
 from digest_cleanup.pipeline.dead_letter import DeadLetterQueue, Entry
 from digest_cleanup.pipeline.runs import now_iso
 
 if TYPE_CHECKING:
-    from digest_cleanup.cli import Context
+    from digest_cleanup.cli.context import Context
 
 #: Keys shown per entry in the human listing; ``dlq show`` and ``--json`` give all.
 KEYS_SHOWN = 5
 
 
-def _queue(ctx: Context) -> DeadLetterQueue:
-    from digest_cleanup.worker.app import dead_letter_queue
+def register(sub: Any) -> None:
+    """Add ``dlq list|show|redrive|purge`` to the parser's subcommands."""
+    dlq = sub.add_parser("dlq", help="list, show, redrive and purge dead letters")
+    dsub = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
 
+    def add_dlq(
+        name: str, handler: Command, help_text: str, selectors: bool
+    ) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = dsub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--json", action="store_true", help="print JSON only")
+        p.set_defaults(handler=handler, command=f"dlq {name}")
+        if selectors:
+            p.add_argument("ids", nargs="*", metavar="ID", help="entry ids")
+            p.add_argument("--all", action="store_true", help="every entry")
+        p.add_argument("--run", help="entries of this run")
+        p.add_argument("--target", help="entries of this target")
+        p.add_argument("--error", help="entries with this error code or reason")
+        return p
+
+    add_dlq("list", cmd_list, "peek at dead letters (nothing is consumed)", False)
+    p = dsub.add_parser("show", help="show one entry in full")
+    p.add_argument("id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_show, command="dlq show")
+    p = add_dlq("redrive", cmd_redrive, "move entries back onto the work queue", True)
+    p.add_argument("--dry-run", action="store_true", help="say what would move, move nothing")
+    p = add_dlq("purge", cmd_purge, "drop entries for good, leaving an audit record", True)
+    p.add_argument("--yes", action="store_true", help="required: confirm the purge")
+
+
+def _queue(ctx: Context) -> DeadLetterQueue:
     ctx.ping()
-    return dead_letter_queue(ctx.runtime)
+    return ctx.runtime.dead_letters
 
 
 def _select(args: argparse.Namespace, dlq: DeadLetterQueue) -> list[Entry]:
@@ -38,13 +67,11 @@ def _select(args: argparse.Namespace, dlq: DeadLetterQueue) -> list[Entry]:
 
 
 def cmd_list(args: argparse.Namespace, ctx: Context) -> int:
-    from digest_cleanup.cli import _print_json
-
     dlq = _queue(ctx)
     entries = dlq.select(run=args.run, target=args.target, error=args.error, everything=True)
     data = [e.as_dict() for e in entries]
     if args.json:
-        _print_json({"depth": dlq.depth(), "entries": data})
+        print_json({"depth": dlq.depth(), "entries": data})
         return 0
     if not data:
         print("dead-letter queue is empty" if dlq.depth() == 0 else "no entry matches")
@@ -63,11 +90,9 @@ def cmd_list(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_show(args: argparse.Namespace, ctx: Context) -> int:
-    from digest_cleanup.cli import _print_json
-
     entry = _queue(ctx).get(args.id).as_dict()
     if args.json:
-        _print_json(entry)
+        print_json(entry)
         return 0
     for key in (
         "id",
@@ -90,7 +115,6 @@ def cmd_show(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_redrive(args: argparse.Namespace, ctx: Context) -> int:
     """Move the selected entries back; exit 1 when any was refused (it stays, with why)."""
-    from digest_cleanup.cli import _print_json
     from digest_cleanup.pipeline import redrive
 
     dlq = _queue(ctx)
@@ -112,7 +136,7 @@ def cmd_redrive(args: argparse.Namespace, ctx: Context) -> int:
         "keys": keys,
     }
     if args.json:
-        _print_json(result)
+        print_json(result)
     else:
         verb = "would redrive" if args.dry_run else "redrove"
         print(f"{verb} {len(movable)} entries ({keys} keys)")
@@ -126,8 +150,6 @@ def cmd_redrive(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_purge(args: argparse.Namespace, ctx: Context) -> int:
-    from digest_cleanup.cli import _print_json
-
     if not args.yes:
         raise UsageError("dlq purge drops entries for good; add --yes to confirm")
     dlq = _queue(ctx)
@@ -137,7 +159,7 @@ def cmd_purge(args: argparse.Namespace, ctx: Context) -> int:
     # Redis keeps the audit records; the audit location keeps them for good.
     kept = audit.write_purge(ctx.settings, now_iso(), records)
     if args.json:
-        _print_json(
+        print_json(
             {
                 "purged": [r["entry"]["id"] for r in records],
                 "audit_records": records,

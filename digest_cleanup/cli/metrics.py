@@ -7,10 +7,11 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
+from digest_cleanup.cli.context import print_json
 from digest_cleanup.errors import CleanupError, UsageError
 
 if TYPE_CHECKING:
-    from digest_cleanup.cli import Context
+    from digest_cleanup.cli.context import Context
 
 #: The port the deployment files and the alert rules' scrape config expect.
 DEFAULT_PORT = 9808
@@ -39,10 +40,8 @@ def cmd_metrics(args: argparse.Namespace, ctx: Context) -> int:
     targets = ctx.runtime.targets  # a bad targets file fails now, not at the first scrape
     collector = RunStateCollector(ctx.runtime)
     if args.json:
-        from digest_cleanup.cli import _print_json
-
         ctx.ping()  # one snapshot of an unreachable store is an error, not "redis_up 0"
-        _print_json(snapshot(collector.collect()))
+        print_json(snapshot(collector.collect()))
         return 0
     # No Redis check here: a server started before Redis answers with redis_up 0
     # (and the alert on absent series) instead of exiting and restarting in a loop.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from digest_cleanup.cli.context import EXIT_OK, print_json
 from digest_cleanup.config.targets import DEFAULT_BATCH_SIZE
 from digest_cleanup.errors import UsageError
 from digest_cleanup.pipeline.capacity import (
@@ -21,7 +22,7 @@ from digest_cleanup.pipeline.capacity import (
 )
 
 if TYPE_CHECKING:
-    from digest_cleanup.cli import Context
+    from digest_cleanup.cli.context import Context
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -51,8 +52,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     """Print the plan for ``--artifacts`` in ``--window``."""
-    from digest_cleanup.cli import EXIT_OK, _print_json
-
     window = parse_duration(args.window)
     targets = [ctx.runtime.target(args.target)] if args.target else list(ctx.runtime.targets)
     if not targets:
@@ -72,7 +71,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         per_worker=args.per_worker,
     )
     if args.json:
-        _print_json(result.as_dict() | {"targets": [t.name for t in targets]})
+        print_json(result.as_dict() | {"targets": [t.name for t in targets]})
     else:
         print(describe(result, [t.name for t in targets]))
     return EXIT_OK

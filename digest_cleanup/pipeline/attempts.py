@@ -19,37 +19,36 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
+from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import CutoffError, PoisonMessage, RefusedBatch, TargetsFileError
 from digest_cleanup.kinds import ItemResult, Outcome, TargetKind
 from digest_cleanup.logs import log_event
-from digest_cleanup.pipeline.batches import (
-    BatchPayload,
-    BatchReport,
-    Publisher,
-    backoff,
-    decide,
-)
+from digest_cleanup.pipeline.batches import BatchPayload, BatchReport, backoff, decide
 from digest_cleanup.pipeline.dead_letter import make_entry, make_poison_entry
+from digest_cleanup.pipeline.messaging import DeadLetter
 from digest_cleanup.pipeline.runs import BatchRecord
 from digest_cleanup.pipeline.runtime import Runtime
 
 logger = logging.getLogger("digest_cleanup.batch")
 
 
-def process(runtime: Runtime, raw: Any, task_id: str, publisher: Publisher) -> BatchReport:
-    """Run one delivery of a batch message and return what it did."""
+def process(runtime: Runtime, raw: Any, task_id: str) -> BatchReport:
+    """Run one delivery of a batch message and return what it did.
+
+    Follow-ups go through ``runtime.dispatcher``; a retry keeps ``task_id``, so
+    Flower shows one task going through its retries.
+    """
     started = time.monotonic()
     try:
         payload = BatchPayload.from_message(raw)
     except PoisonMessage as poison:
-        return _poison(runtime, raw, task_id, poison, publisher)
+        return _poison(runtime, raw, task_id, poison)
     try:
         kind = check_batch(runtime, payload)
     except RefusedBatch as refused:
-        return _refuse(runtime, payload, refused, publisher, started)
+        return _refuse(runtime, payload, refused, task_id, started)
 
     store = runtime.store
     settings = runtime.settings
@@ -69,14 +68,14 @@ def process(runtime: Runtime, raw: Any, task_id: str, publisher: Publisher) -> B
         return report
     if deliveries > settings.max_deliveries:
         lost = f"{deliveries - 1} deliveries died"
-        return _dead_whole(runtime, payload, publisher, started, "worker_lost", lost, "")
+        return _dead_whole(runtime, payload, task_id, started, "worker_lost", lost, "")
 
     t0 = time.monotonic()
     results = kind.delete(payload.items, payload.cutoff_datetime(), payload.conditions)
     delete_seconds = time.monotonic() - t0
     decided = decide(results, payload.attempt, settings.max_retries)
     return _follow_up_and_record(
-        runtime, payload, publisher, decided, started, reason="", delete_seconds=delete_seconds
+        runtime, payload, task_id, decided, started, reason="", delete_seconds=delete_seconds
     )
 
 
@@ -141,7 +140,7 @@ def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
 
 
 def give_up(
-    runtime: Runtime, raw: Any, error: Exception, deliveries: int, publisher: Publisher
+    runtime: Runtime, raw: Any, error: Exception, deliveries: int, task_id: str
 ) -> BatchReport:
     """Dead-letter a batch whose every delivery raised, whole, as ``worker_error``.
 
@@ -153,20 +152,20 @@ def give_up(
     try:
         payload = BatchPayload.from_message(raw)
     except PoisonMessage as poison:
-        return _poison(runtime, raw, "", poison, publisher)
+        return _poison(runtime, raw, "", poison)
     message = (
         f"{deliveries} deliveries failed, the last with {type(error).__name__}: {error}; "
         "nothing more was deleted. Fix the cause, then redrive"
     )
-    return _refuse(runtime, payload, RefusedBatch("worker_error", message[:1000]), publisher,
-                   started)  # fmt: skip
+    refused = RefusedBatch("worker_error", message[:1000])
+    return _refuse(runtime, payload, refused, task_id, started)
 
 
 def _refuse(
     runtime: Runtime,
     payload: BatchPayload,
     refused: RefusedBatch,
-    publisher: Publisher,
+    task_id: str,
     started: float,
 ) -> BatchReport:
     """Dead-letter a refused batch whole; count it only in the run incarnation it belongs to.
@@ -183,11 +182,11 @@ def _refuse(
     )
     code, message = refused.code, refused.message
     if current:
-        return _dead_whole(runtime, payload, publisher, started, code, message, message)
+        return _dead_whole(runtime, payload, task_id, started, code, message, message)
     dead = {i: ItemResult(i, Outcome.PERMANENT, code, message) for i in payload.items}
     entry = make_entry(payload, dead, code, message)
     entry_id = entry.dead_letter["entry_id"]
-    publisher.dead_letter(entry_id, entry.to_message(), entry.describe())
+    runtime.dispatcher.send_dead_letter(DeadLetter(entry_id, entry.to_message(), entry.describe()))
     report = BatchReport(
         status="dead_lettered",
         batch_id=payload.batch_id,
@@ -204,7 +203,7 @@ def _refuse(
 def _dead_whole(
     runtime: Runtime,
     payload: BatchPayload,
-    publisher: Publisher,
+    task_id: str,
     started: float,
     code: str,
     message: str,
@@ -215,7 +214,7 @@ def _dead_whole(
     return _follow_up_and_record(
         runtime,
         payload,
-        publisher,
+        task_id,
         decide(dead, payload.attempt, 0),
         started,
         reason=code,
@@ -227,7 +226,7 @@ def _dead_whole(
 def _follow_up_and_record(
     runtime: Runtime,
     payload: BatchPayload,
-    publisher: Publisher,
+    task_id: str,
     decided: Any,
     started: float,
     *,
@@ -245,11 +244,11 @@ def _follow_up_and_record(
         skipped=decided.skipped,
         delete_seconds=round(delete_seconds, 4),
     )
-    now = _iso_now()
+    now = now_iso("seconds")
     if decided.retry:
         countdown = backoff(payload.attempt, settings, decided.retry_after)
         failures = {i: [r.code, r.message[:500]] for i, r in decided.retry.items()}
-        publisher.retry(
+        runtime.dispatcher.send_batch(
             payload.subset(
                 list(decided.retry),
                 attempt=payload.attempt + 1,
@@ -257,7 +256,8 @@ def _follow_up_and_record(
                 first_failure_at=payload.first_failure_at or now,
                 published_at=time.time(),
             ),
-            countdown,
+            countdown=countdown,
+            task_id=task_id or None,
         )
         report.status, report.retrying, report.countdown = (
             "retrying",
@@ -270,7 +270,8 @@ def _follow_up_and_record(
             reason = "retries_exhausted" if transient else "permanent_error"
         entry = make_entry(payload, decided.dead, reason, message)
         entry_id = entry.dead_letter["entry_id"]
-        publisher.dead_letter(entry_id, entry.to_message(), entry.describe())
+        letter = DeadLetter(entry_id, entry.to_message(), entry.describe())
+        runtime.dispatcher.send_dead_letter(letter)
         report.status = "dead_lettered" if not decided.retry else report.status
         report.dead_lettered, report.entry_id, report.reason = len(decided.dead), entry_id, reason
     latency = time.time() - payload.published_at if payload.published_at else None
@@ -314,14 +315,11 @@ def _follow_up_and_record(
     return report
 
 
-def _poison(
-    runtime: Runtime, raw: Any, task_id: str, poison: PoisonMessage, publisher: Publisher
-) -> BatchReport:
+def _poison(runtime: Runtime, raw: Any, task_id: str, poison: PoisonMessage) -> BatchReport:
     """Dead-letter a message that can never succeed; account it if it is a real batch of a run."""
     kwargs = make_poison_entry(task_id, raw, poison.code, poison.message)
     entry_id = kwargs["dead_letter"]["entry_id"]
-    label = f"poison {poison.code}"
-    publisher.dead_letter(entry_id, kwargs, label)
+    runtime.dispatcher.send_dead_letter(DeadLetter(entry_id, kwargs, f"poison {poison.code}"))
     report = BatchReport(
         status="poison",
         run_id=kwargs["run_id"],
@@ -359,7 +357,3 @@ def _poison(
             finish_run(runtime, report.run_id)
     log_event(logger, "batch", runtime.settings, level=logging.WARNING, **report.as_dict())
     return report
-
-
-def _iso_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

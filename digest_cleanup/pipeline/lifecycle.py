@@ -96,12 +96,11 @@ def _duration(summary: dict[str, Any]) -> float | str:
 
 def _not_deleted(runtime: Runtime, run_id: str) -> Any:
     """Every item the run did not delete: kept on purpose first, then dead letters."""
-    from digest_cleanup.worker.app import dead_letter_queue
 
     for kept in runtime.store.skipped_items(run_id):
         yield {**kept, "reason": "skipped", "entry_id": ""}
 
-    for entry in dead_letter_queue(runtime).entries(run=run_id):
+    for entry in runtime.dead_letters.entries(run=run_id):
         data = entry.as_dict()
         for key in data["keys"]:
             yield {

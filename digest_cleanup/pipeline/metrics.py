@@ -115,11 +115,10 @@ class RunStateCollector:
 
     def families(self) -> list[Metric]:
         """Read the run store once and build every family; raises on a Redis error."""
-        from digest_cleanup.worker.app import dead_letter_queue
 
         now = self.clock()
         states = [self._read(t.name) for t in self.runtime.targets]
-        depth, keys, oldest = dead_letter_queue(self.runtime).stats()
+        depth, keys, oldest = self.runtime.dead_letters.stats()
         settings = self.runtime.settings
         fams = _Families()
         fams.gauge(

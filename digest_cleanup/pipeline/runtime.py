@@ -1,8 +1,10 @@
 """The per-process context every task and command works through.
 
-It holds the settings, the targets, one Redis client and one kind instance per
-target.  Clients are made lazily, and :meth:`Runtime.after_fork` drops them in a
-fresh pool child, because sockets and connection pools must not cross a fork.
+It holds the settings, the targets, one Redis client, one kind instance per
+target, and the :class:`~digest_cleanup.pipeline.messaging.Dispatcher` that
+everything the pipeline sends goes through (the worker wiring installs one).
+Clients are made lazily, and :meth:`Runtime.after_fork` drops them in a fresh
+pool child, because sockets and connection pools must not cross a fork.
 A worker process that runs tasks calls :meth:`Runtime.prepare` when it starts,
 so the first task after a quiet week does not pay for building them.
 """
@@ -18,6 +20,8 @@ import redis
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import Target, Targets, load_targets
 from digest_cleanup.kinds import TargetKind
+from digest_cleanup.pipeline.dead_letter import DeadLetterQueue
+from digest_cleanup.pipeline.messaging import BATCH_QUEUE, Dispatcher
 from digest_cleanup.pipeline.runs import RunStore
 
 logger = logging.getLogger("digest_cleanup.runtime")
@@ -26,9 +30,15 @@ logger = logging.getLogger("digest_cleanup.runtime")
 class Runtime:
     """Lazily built clients for one process."""
 
-    def __init__(self, settings: Settings, targets: Targets | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        targets: Targets | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
         self.settings = settings
         self._targets = targets
+        self._dispatcher = dispatcher
         self._lock = threading.Lock()
         self._kinds: dict[str, TargetKind] = {}
 
@@ -54,6 +64,26 @@ class Runtime:
     @cached_property
     def store(self) -> RunStore:
         return RunStore(self.redis, self.settings.key_prefix)
+
+    @cached_property
+    def dead_letters(self) -> DeadLetterQueue:
+        return DeadLetterQueue(
+            self.store, queue=self.settings.dead_letter_queue, work_queue=BATCH_QUEUE
+        )
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """Where this process sends batches, retries, dead letters and sweep slices."""
+        if self._dispatcher is None:
+            raise RuntimeError(
+                "this runtime cannot send messages: build it with a dispatcher "
+                "(digest_cleanup.worker.app.create_app installs the Celery one)"
+            )
+        return self._dispatcher
+
+    @dispatcher.setter
+    def dispatcher(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
 
     def target(self, name: str) -> Target:
         return self.targets.get(name)
@@ -94,6 +124,7 @@ class Runtime:
         """Forget clients inherited from the parent process."""
         self.__dict__.pop("redis", None)
         self.__dict__.pop("store", None)
+        self.__dict__.pop("dead_letters", None)
         self._kinds = {}
         self._lock = threading.Lock()
 

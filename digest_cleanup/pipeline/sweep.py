@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
@@ -55,7 +54,6 @@ STAGED_READ_BATCHES = 16
 LEASE_MARGIN_SECONDS = 10.0
 
 SliceResult = Literal["continue", "done", "attached", "failed", "missing", "fenced"]
-Publish = Callable[[BatchPayload], None]
 #: An expired item with its delete condition, as the checkpoint and staging keep it.
 Expired = list[str]
 
@@ -101,7 +99,7 @@ def run_id_for(target: str, cutoff: datetime, *, dry_run: bool = False) -> str:
 
 
 def sweep_slice(
-    runtime: Runtime, run_id: str, publish: Publish, *, slice_seconds: float | None = None
+    runtime: Runtime, run_id: str, *, slice_seconds: float | None = None
 ) -> SliceResult:
     """Advance the sweep of ``run_id`` by one slice; ``continue`` means enqueue the next."""
     store = runtime.store
@@ -146,7 +144,7 @@ def sweep_slice(
                 return "failed" if store.get(run_id).finished else "continue"
             if sweep.dry_run:
                 return "done"
-        return _publish(sweep, publish)
+        return _publish(sweep)
     except Fenced:
         return "fenced"
     finally:
@@ -206,6 +204,9 @@ class _Slice:
     @property
     def store(self) -> RunStore:
         return self.runtime.store
+
+    def send(self, payload: BatchPayload) -> None:
+        self.runtime.dispatcher.send_batch(payload)
 
     def out_of_time(self) -> bool:
         return time.monotonic() > self.deadline
@@ -321,13 +322,13 @@ def _take_batches(sweep: _Slice, *, final: bool) -> list[list[Expired]]:
     return batches
 
 
-def _publish(sweep: _Slice, publish: Publish) -> SliceResult:
+def _publish(sweep: _Slice) -> SliceResult:
     if sweep.cp.staged >= 0:
-        return _publish_staged(sweep, publish)
-    return _publish_listed(sweep, publish)
+        return _publish_staged(sweep)
+    return _publish_listed(sweep)
 
 
-def _publish_staged(sweep: _Slice, publish: Publish) -> SliceResult:
+def _publish_staged(sweep: _Slice) -> SliceResult:
     """Publish the staged batches, :data:`STAGED_READ_BATCHES` per checkpoint.
 
     Staged batch ``n`` is published as sequence number ``n + 1``.  A checkpoint
@@ -337,7 +338,7 @@ def _publish_staged(sweep: _Slice, publish: Publish) -> SliceResult:
     cp, store, run_id = sweep.cp, sweep.store, sweep.run_id
     if cp.sent < cp.seq:  # batches a crashed slice may not have sent
         for offset, items in enumerate(_read_staged(sweep, cp.sent, cp.seq - cp.sent)):
-            publish(_payload(sweep, cp.sent + offset + 1, items))
+            sweep.send(_payload(sweep, cp.sent + offset + 1, items))
         cp.sent = cp.seq
     while cp.seq < cp.staged:
         first = cp.seq
@@ -346,7 +347,7 @@ def _publish_staged(sweep: _Slice, publish: Publish) -> SliceResult:
         cp.expired += sum(len(entries) for entries in chunk)
         sweep.save([batch_id(run_id, seq) for seq in range(first + 1, cp.seq + 1)])
         for offset, items in enumerate(chunk):
-            publish(_payload(sweep, first + offset + 1, items))
+            sweep.send(_payload(sweep, first + offset + 1, items))
         cp.sent = cp.seq
         if cp.seq < cp.staged and sweep.out_of_time():
             sweep.save()
@@ -369,12 +370,12 @@ def _read_staged(sweep: _Slice, start: int, count: int) -> list[list[Any]]:
     return chunk
 
 
-def _publish_listed(sweep: _Slice, publish: Publish) -> SliceResult:
+def _publish_listed(sweep: _Slice) -> SliceResult:
     """List the target again and publish batches as pages arrive (when nothing was staged)."""
     cp = sweep.cp
     if cp.outbox:  # batches a crashed slice may not have sent
         for seq, items in cp.outbox:
-            publish(_payload(sweep, seq, items))
+            sweep.send(_payload(sweep, seq, items))
         # Sent: a slice that now fails listing (and is retried) must not send them again.
         cp.outbox = []
         sweep.save()
@@ -384,13 +385,13 @@ def _publish_listed(sweep: _Slice, publish: Publish) -> SliceResult:
         cp.pending.extend(_expired(page))
         if page.cursor is not None:
             cp.cursor = page.cursor
-        _emit(sweep, publish, final=False)
+        _emit(sweep, final=False)
         if sweep.out_of_time():
             # Handing over cleanly: the outbox went out, so the next slice must not resend it.
             cp.outbox = []
             sweep.save()
             return "continue"
-    _emit(sweep, publish, final=True)
+    _emit(sweep, final=True)
     cp.outbox = []
     return _done(sweep)
 
@@ -418,7 +419,7 @@ def _done(sweep: _Slice) -> SliceResult:
     return "done"
 
 
-def _emit(sweep: _Slice, publish: Publish, *, final: bool) -> None:
+def _emit(sweep: _Slice, *, final: bool) -> None:
     """Cut full batches from the pending items, checkpoint them, then publish them."""
     cp = sweep.cp
     batches = _take_batches(sweep, final=final)
@@ -427,7 +428,7 @@ def _emit(sweep: _Slice, publish: Publish, *, final: bool) -> None:
     cp.outbox = outbox
     sweep.save([batch_id(sweep.run_id, seq) for seq, _ in outbox])
     for seq, items in outbox:
-        publish(_payload(sweep, seq, items))
+        sweep.send(_payload(sweep, seq, items))
 
 
 def _payload(sweep: _Slice, seq: int, entries: list[Any]) -> BatchPayload:
@@ -461,7 +462,6 @@ def start(
     runtime: Runtime,
     target: Target,
     cutoff: datetime,
-    enqueue: Callable[[str], None],
     *,
     dry_run: bool = False,
     force: bool = False,
@@ -519,7 +519,7 @@ def start(
             cutoff=cutoff.isoformat(),
             dry_run=dry_run,
         )
-        enqueue(run_id)
+        runtime.dispatcher.send_sweep(run_id)
         return Started(run_id, action, "running")
     run = store.get(run_id)
     if run.finished and run.fields.get("report_pending") == "1":
@@ -529,7 +529,7 @@ def start(
         and run.fields.get("sweep_done") != "1"
         and _stalled(runtime, run.fields)
     ):
-        enqueue(run_id)
+        runtime.dispatcher.send_sweep(run_id)
         return Started(run_id, "resumed", run.status)
     return Started(run_id, "attached", run.status)
 

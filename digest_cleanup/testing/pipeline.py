@@ -34,11 +34,11 @@ from kombu.asynchronous import get_event_loop, set_event_loop
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import parse_targets, utcnow
+from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
 from digest_cleanup.pipeline.progress import wait
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import start
-from digest_cleanup.worker.app import BATCH_QUEUE, SWEEP_QUEUE, create_app, dead_letter_queue
-from digest_cleanup.worker.tasks.base import enqueue_sweep
+from digest_cleanup.worker.app import create_app
 
 #: Seconds a run may take before :func:`run_pipeline` gives up waiting.
 DEFAULT_TIMEOUT = 120.0
@@ -120,7 +120,6 @@ def run_pipeline(
                 runtime,
                 tgt,
                 cutoff or tgt.cutoff_for(utcnow()),
-                lambda run_id: enqueue_sweep(app, run_id),
                 dry_run=dry_run,
                 force=force,
                 trigger="test",
@@ -131,7 +130,7 @@ def run_pipeline(
                     f"run {started.run_id} did not finish within {timeout:.0f}s: {view.as_dict()}"
                 )
         run = view.as_dict() | {"retries_by_code": runtime.store.retry_codes(started.run_id)}
-        entries = [e.as_dict() for e in dead_letter_queue(runtime).entries(run=started.run_id)]
+        entries = [e.as_dict() for e in runtime.dead_letters.entries(run=started.run_id)]
         return PipelineResult(run=run, dead_letters=entries, settings=run_settings)
     finally:
         runtime.close()

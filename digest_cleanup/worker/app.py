@@ -11,14 +11,11 @@ from kombu.entity import Queue
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import Targets
-from digest_cleanup.pipeline.dead_letter import DeadLetterQueue
+from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.worker import broker
+from digest_cleanup.worker.dispatch import BATCH_TASK, SWEEP_TASK, TRIGGER_TASK, CeleryDispatcher
 
-#: Queue of sweep slices and beat triggers.
-SWEEP_QUEUE = "sweeps"
-#: Queue of batch deletes.
-BATCH_QUEUE = "batches"
 #: Seconds between kombu's scans for unacknowledged messages past their
 #: visibility timeout.  The default (10 s, and a scan on only every 10th tick)
 #: leaves a killed worker's batch waiting ~100 s longer than it must.
@@ -27,8 +24,20 @@ UNACKED_RESTORE_INTERVAL = 5
 TASKS = ("digest_cleanup.worker.tasks.sweep", "digest_cleanup.worker.tasks.batch")
 
 
-def create_app(settings: Settings | None = None, targets: Targets | None = None) -> Celery:
-    """Build the app; ``celery -A digest_cleanup`` uses :func:`default_app`."""
+def create_app(
+    settings: Settings | None = None,
+    targets: Targets | None = None,
+    *,
+    runtime: Runtime | None = None,
+) -> Celery:
+    """Build the app; ``celery -A digest_cleanup`` uses :func:`default_app`.
+
+    The app carries its :class:`Runtime` (a given one, or a new one), with a
+    :class:`CeleryDispatcher` installed, so everything the pipeline sends goes
+    through this app.
+    """
+    if runtime is not None:
+        settings = runtime.settings
     settings = settings or Settings.from_env()
     app = Celery("digest_cleanup", include=list(TASKS))
     app.conf.update(
@@ -52,9 +61,9 @@ def create_app(settings: Settings | None = None, targets: Targets | None = None)
         task_queues=(Queue(SWEEP_QUEUE), Queue(BATCH_QUEUE)),  # type: ignore[no-untyped-call]
         task_default_queue=BATCH_QUEUE,
         task_routes={
-            "digest_cleanup.sweep": {"queue": SWEEP_QUEUE},
-            "digest_cleanup.trigger": {"queue": SWEEP_QUEUE},
-            "digest_cleanup.delete_batch": {"queue": BATCH_QUEUE},
+            SWEEP_TASK: {"queue": SWEEP_QUEUE},
+            TRIGGER_TASK: {"queue": SWEEP_QUEUE},
+            BATCH_TASK: {"queue": BATCH_QUEUE},
         },
         broker_transport_options={
             # The visibility timeout bounds how long a batch held by a dead
@@ -77,7 +86,8 @@ def create_app(settings: Settings | None = None, targets: Targets | None = None)
         enable_utc=True,
         beat_max_loop_interval=30,
     )
-    runtime = Runtime(settings, targets)
+    runtime = runtime or Runtime(settings, targets)
+    runtime.dispatcher = CeleryDispatcher(app, runtime)
     app.digest_cleanup_runtime = runtime
     return app
 
@@ -87,16 +97,9 @@ def runtime_of(app: Any) -> Runtime:
     runtime = getattr(app, "digest_cleanup_runtime", None)
     if runtime is None:
         runtime = Runtime(Settings.from_env())
+        runtime.dispatcher = CeleryDispatcher(app, runtime)
         app.digest_cleanup_runtime = runtime
     return runtime
-
-
-def dead_letter_queue(runtime: Runtime) -> DeadLetterQueue:
-    return DeadLetterQueue(
-        runtime.store,
-        queue=runtime.settings.dead_letter_queue,
-        work_queue=BATCH_QUEUE,
-    )
 
 
 @signals.worker_process_init.connect

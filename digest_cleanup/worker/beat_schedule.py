@@ -13,7 +13,8 @@ from typing import Any
 from celery import signals
 
 from digest_cleanup.config.targets import Targets
-from digest_cleanup.worker.app import SWEEP_QUEUE
+from digest_cleanup.pipeline.messaging import SWEEP_QUEUE
+from digest_cleanup.worker.dispatch import TRIGGER_TASK
 
 #: A trigger still queued this long after its slot is stale; the next beat
 #: start or slot covers it, so it is dropped rather than run late.
@@ -24,7 +25,7 @@ def build_schedule(targets: Targets) -> dict[str, dict[str, Any]]:
     """``beat_schedule`` for these targets."""
     return {
         f"cleanup-{t.name}": {
-            "task": "digest_cleanup.trigger",
+            "task": TRIGGER_TASK,
             "schedule": t.crontab(),
             "args": [t.name],
             "options": {"queue": SWEEP_QUEUE, "expires": TRIGGER_EXPIRES_SECONDS},
@@ -38,9 +39,9 @@ def catch_up(sender: Any = None, **_: Any) -> None:
     """On beat start, ask every target's trigger to run a missed slot (claimed once)."""
     app = sender.app
     for entry in app.conf.beat_schedule.values():
-        if entry.get("task") == "digest_cleanup.trigger":
+        if entry.get("task") == TRIGGER_TASK:
             app.send_task(
-                "digest_cleanup.trigger",
+                TRIGGER_TASK,
                 args=entry["args"],
                 kwargs={"catch_up": True},
                 queue=SWEEP_QUEUE,

@@ -9,7 +9,6 @@ import pytest
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.stack import wait_for
-from digest_cleanup.worker.app import dead_letter_queue
 from tests.conftest import list_keys, s3_targets, seed_split
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +41,7 @@ def test_a_stuck_run_is_aborted_with_an_audit_record_and_its_next_trigger_starts
     run = aborted.json()
     assert (run["status"], run["reason"]) == ("failed", "aborted"), aborted
     assert "batches worker gone" in run["message"]
-    record = dead_letter_queue(Runtime(Settings.from_env(stack.env))).audit_log()[0]
+    record = Runtime(Settings.from_env(stack.env)).dead_letters.audit_log()[0]
     assert (record["action"], record["reason"]) == ("abort", "batches worker gone")
     assert record["run"]["status"] == "running"
     key = run["audit_url"].removeprefix(f"s3://{bucket}-audit/")

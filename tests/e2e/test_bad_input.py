@@ -16,9 +16,9 @@ import pytest
 import redis
 from kombu import Connection
 
+from digest_cleanup.pipeline.messaging import BATCH_QUEUE
 from digest_cleanup.testing.servers import free_port
 from digest_cleanup.testing.stack import Process, Stack, wait_for
-from digest_cleanup.worker.app import BATCH_QUEUE
 from tests.conftest import list_keys, put_keys, s3_targets, seed_split
 
 pytestmark = pytest.mark.e2e

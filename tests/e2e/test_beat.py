@@ -184,7 +184,8 @@ def test_a_redelivered_trigger_still_starts_the_run_it_claimed(make_stack, bucke
 
 def _send_trigger(stack: Stack, task_id: str) -> None:
     from digest_cleanup.config.settings import Settings
-    from digest_cleanup.worker.app import SWEEP_QUEUE, create_app
+    from digest_cleanup.pipeline.messaging import SWEEP_QUEUE
+    from digest_cleanup.worker.app import create_app
 
     app = create_app(Settings.from_env(stack.env))
     app.send_task(

@@ -14,7 +14,7 @@ from digest_cleanup.pipeline.batches import BatchPayload
 from digest_cleanup.pipeline.redrive import redrive
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.stack import Stack, wait_for
-from digest_cleanup.worker.app import create_app, dead_letter_queue
+from digest_cleanup.worker.app import create_app
 from tests.conftest import list_keys, s3_targets, scope_of, seed_split
 
 pytestmark = pytest.mark.e2e
@@ -95,7 +95,7 @@ def test_a_redrive_that_crashes_midway_loses_no_entry(make_stack, s3, bucket, pr
     stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json")
     stack.stop()  # no worker: redriven entries stay on the work queue where we can see them
     runtime = Runtime(Settings.from_env(stack.env))
-    dlq = dead_letter_queue(runtime)
+    dlq = runtime.dead_letters
     entries = dlq.entries()
     assert len(entries) == 12
 
@@ -317,7 +317,7 @@ def test_purge_leaves_an_audit_record(make_stack, s3, bucket, proxy):
     assert record["command"].startswith("digest-cleanup dlq purge")
     assert _entries(stack) == []
     runtime = Runtime(Settings.from_env(stack.env))
-    assert dead_letter_queue(runtime).audit_log()[0]["entry"]["id"] == entry["id"]
+    assert runtime.dead_letters.audit_log()[0]["entry"]["id"] == entry["id"]
     # and the record is kept for good at the audit location, too
     key = purged.json()["audit_url"].removeprefix(f"s3://{bucket}-audit/")
     kept = json.loads(s3.get_object(Bucket=f"{bucket}-audit", Key=key)["Body"].read())

@@ -20,6 +20,7 @@ from digest_cleanup.kinds.s3 import S3Kind, S3Options
 from digest_cleanup.pipeline.batches import BatchPayload
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import start, sweep_slice
+from digest_cleanup.testing.dispatcher import recording
 from digest_cleanup.testing.seed import create_bucket, seed_keys
 from digest_cleanup.testing.stack import wait_for
 
@@ -205,13 +206,13 @@ def test_a_sweep_sliced_page_by_page_publishes_every_key_once(weed, sharded_buck
     )
     runtime = Runtime(settings, targets)
     cutoff = utcnow()
-    run_id = start(runtime, runtime.target("statements"), cutoff, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("statements"), cutoff).run_id
     sent: list[BatchPayload] = []
 
     # When slices run until the sweep is done
     results = []
     while not results or results[-1] == "continue":
-        results.append(sweep_slice(runtime, run_id, sent.append, slice_seconds=1e-9))
+        results.append(sweep_slice(recording(runtime, sent.append), run_id, slice_seconds=1e-9))
 
     # Then every expired key went out in exactly one batch, and the run agrees
     assert results[-1] == "done"

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.pipeline.messaging import BATCH_QUEUE
 from digest_cleanup.testing.stack import Stack, wait_for
-from digest_cleanup.worker.app import BATCH_QUEUE
 from tests.conftest import s3_targets
 from tests.reliability.conftest import (
     Outcome,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
@@ -15,6 +14,7 @@ from digest_cleanup.pipeline.batches import BatchPayload
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import start, sweep_slice
 from digest_cleanup.testing import memory
+from digest_cleanup.testing.dispatcher import RecordingDispatcher, recording
 
 CUTOFF = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
 TARGETS = """
@@ -26,20 +26,6 @@ retention_days = 0
 schedule = "0 3 * * 0"
 batch_size = 50
 """
-
-
-class Recorder:
-    """A publisher that keeps what a batch attempt sends."""
-
-    def __init__(self) -> None:
-        self.retries: list[BatchPayload] = []
-        self.dead: dict[str, dict[str, Any]] = {}
-
-    def retry(self, payload: BatchPayload, countdown: float) -> None:
-        self.retries.append(payload)
-
-    def dead_letter(self, entry_id: str, kwargs: dict[str, Any], label: str) -> None:
-        self.dead[entry_id] = kwargs
 
 
 @pytest.fixture
@@ -55,25 +41,26 @@ def runtime(redis_url: str) -> Iterator[Runtime]:
 def test_a_batch_of_an_earlier_incarnation_leaves_the_current_runs_counters_alone(runtime):
     # Given a running run whose two batches are in flight
     published: list[BatchPayload] = []
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
-    assert sweep_slice(runtime, run_id, published.append) == "done"
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
+    assert sweep_slice(recording(runtime, published.append), run_id) == "done"
     before = runtime.store.get(run_id)
     assert before.count("inflight") == 2
 
     # When a batch with the same id but an earlier incarnation's token is delivered
     stale = BatchPayload(**{**published[0].__dict__, "run_token": "an-earlier-incarnation"})
-    publisher = Recorder()
-    report = process(runtime, stale.to_message(), "t1", publisher)
+    dispatcher = RecordingDispatcher()
+    runtime.dispatcher = dispatcher
+    report = process(runtime, stale.to_message(), "t1")
 
     # Then it is dead-lettered whole, deletes nothing, and counts nothing in this run
     assert (report.status, report.reason) == ("dead_lettered", "stale_run")
-    (entry,) = publisher.dead.values()
-    assert len(BatchPayload.from_message(entry).items) == 50
+    (entry,) = dispatcher.dead.values()
+    assert len(BatchPayload.from_message(entry.body).items) == 50
     after = runtime.store.get(run_id)
     for counter in ("inflight", "dead_lettered", "deleted", "batches_done"):
         assert after.count(counter) == before.count(counter), counter
     assert len(memory.contents("attempts")) == 100
 
     # And the same batch with the current token still deletes and counts as usual
-    assert process(runtime, published[0].to_message(), "t2", Recorder()).deleted == 50
+    assert process(runtime, published[0].to_message(), "t2").deleted == 50
     assert runtime.store.get(run_id).count("inflight") == 1

@@ -13,14 +13,14 @@ from digest_cleanup.kinds import ItemResult, Outcome
 from digest_cleanup.pipeline.batches import BatchPayload
 from digest_cleanup.pipeline.dead_letter import DeadLetterQueue, index_headers, make_entry
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.worker.app import create_app, dead_letter_queue
+from digest_cleanup.worker.app import create_app
 
 
 @pytest.fixture
 def setup(redis_url: str) -> Iterator[tuple[Runtime, DeadLetterQueue, Any]]:
     settings = Settings(broker_url=redis_url)
     runtime = Runtime(settings)
-    yield runtime, dead_letter_queue(runtime), create_app(settings)
+    yield runtime, runtime.dead_letters, create_app(settings)
     runtime.close()
 
 

@@ -17,6 +17,7 @@ from digest_cleanup.pipeline.batches import BatchPayload
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import on_slice_error, start, sweep_slice
 from digest_cleanup.testing import memory
+from digest_cleanup.testing.dispatcher import recording
 
 CUTOFF = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
 TARGETS = """
@@ -56,10 +57,10 @@ def _crash_and_resume(runtime: Runtime, run_id: str, crash_at: int) -> tuple[lis
             raise Crash
 
     with pytest.raises(Crash):
-        sweep_slice(runtime, run_id, crashing)
+        sweep_slice(recording(runtime, crashing), run_id)
     runtime.store.redis.delete(runtime.store.run_key(run_id, "sweep_lease"))
     resumed: list[BatchPayload] = []
-    assert sweep_slice(runtime, run_id, resumed.append) == "done"
+    assert sweep_slice(recording(runtime, resumed.append), run_id) == "done"
     return published, resumed
 
 
@@ -79,7 +80,7 @@ def _assert_every_batch_once_in_the_run(runtime: Runtime, run_id: str, sent: lis
 
 def test_a_crashed_sweep_resumes_from_its_checkpoint_and_loses_no_batch(runtime):
     # Given a run whose sweep dies right after publishing its seventh batch
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
 
     # When the redelivered slice runs again
     published, resumed = _crash_and_resume(runtime, run_id, crash_at=7)
@@ -96,7 +97,7 @@ def test_a_crashed_sweep_resumes_from_its_checkpoint_and_loses_no_batch(runtime)
 def test_a_sweep_that_lists_again_resends_only_the_crashed_pages_outbox(runtime, monkeypatch):
     # Given a run too big to stage, whose sweep dies after publishing its seventh batch
     monkeypatch.setattr(sweep_module, "STAGE_LIMIT", 150)
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
 
     published, resumed = _crash_and_resume(runtime, run_id, crash_at=7)
 
@@ -113,7 +114,7 @@ def test_a_sweep_killed_while_sending_its_last_batches_sends_them_on_resume(
 ):
     # Given a sweep that dies while publishing its twentieth and last batch
     monkeypatch.setattr(sweep_module, "STAGE_LIMIT", stage_limit)
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
 
     published, resumed = _crash_and_resume(runtime, run_id, crash_at=20)
 
@@ -124,11 +125,11 @@ def test_a_sweep_killed_while_sending_its_last_batches_sends_them_on_resume(
 
 
 def test_a_slice_hands_over_when_its_time_is_up(runtime):
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
     sent: list[BatchPayload] = []
     results = []
     while not results or results[-1] == "continue":
-        results.append(sweep_slice(runtime, run_id, sent.append, slice_seconds=1e-9))
+        results.append(sweep_slice(recording(runtime, sent.append), run_id, slice_seconds=1e-9))
 
     assert results[-1] == "done"
     assert len(results) > 5  # one page per slice at this budget
@@ -136,14 +137,14 @@ def test_a_slice_hands_over_when_its_time_is_up(runtime):
 
 
 def test_a_second_copy_of_a_slice_attaches_while_the_first_holds_the_lease(runtime):
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
     results: list[str] = []
 
     def publish(_: BatchPayload) -> None:
         if not results:  # while the first slice is mid-page, a duplicate arrives
-            results.append(sweep_slice(runtime, run_id, publish))
+            results.append(sweep_slice(recording(runtime, publish), run_id))
 
-    sweep_slice(runtime, run_id, publish)
+    sweep_slice(recording(runtime, publish), run_id)
     assert results == ["attached"]
 
 
@@ -151,7 +152,7 @@ def _sweep_to_end(runtime: Runtime, run_id: str, **kwargs: float) -> list[BatchP
     sent: list[BatchPayload] = []
     result = "continue"
     while result == "continue":
-        result = sweep_slice(runtime, run_id, sent.append, **kwargs)
+        result = sweep_slice(recording(runtime, sent.append), run_id, **kwargs)
     assert result == "done"
     return sent
 
@@ -171,7 +172,7 @@ def scans(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
 
 
 def test_publishing_reads_the_guard_pass_staged_pages_instead_of_listing_again(runtime, scans):
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
 
     sent = _sweep_to_end(runtime, run_id)
 
@@ -187,7 +188,7 @@ def test_publishing_reads_the_guard_pass_staged_pages_instead_of_listing_again(r
 def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monkeypatch):
     # Given guard slices that hand over after every page, one of which dies
     # after staging its page but before its checkpoint
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
     real_stage = runtime.store.stage
     staged_calls = 0
 
@@ -204,7 +205,7 @@ def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monke
     results: list[str] = []
     while not results or results[-1] in ("continue", "crashed"):
         try:
-            results.append(sweep_slice(runtime, run_id, sent.append, slice_seconds=1e-9))
+            results.append(sweep_slice(recording(runtime, sent.append), run_id, slice_seconds=1e-9))
         except Crash:
             results.append("crashed")
             runtime.store.redis.delete(runtime.store.run_key(run_id, "sweep_lease"))
@@ -221,7 +222,7 @@ def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monke
 
 def test_past_the_stage_limit_publishing_lists_the_target_again(runtime, scans, monkeypatch):
     monkeypatch.setattr(sweep_module, "STAGE_LIMIT", 150)
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
 
     sent = _sweep_to_end(runtime, run_id)
 
@@ -235,10 +236,10 @@ def test_past_the_stage_limit_publishing_lists_the_target_again(runtime, scans, 
 def test_a_run_refused_by_max_delete_leaves_nothing_staged(runtime):
     guarded = Runtime(runtime.settings, parse_targets(TARGETS + "max_delete = 250\n"))
     try:
-        run_id = start(guarded, guarded.target("snapshots"), CUTOFF, lambda _: None).run_id
+        run_id = start(recording(guarded), guarded.target("snapshots"), CUTOFF).run_id
         sent: list[BatchPayload] = []
 
-        assert sweep_slice(guarded, run_id, sent.append) == "failed"
+        assert sweep_slice(recording(guarded, sent.append), run_id) == "failed"
 
         assert sent == []
         assert guarded.store.get(run_id)["reason"] == "max_delete_exceeded"
@@ -248,16 +249,16 @@ def test_a_run_refused_by_max_delete_leaves_nothing_staged(runtime):
 
 
 def test_staged_batches_lost_from_redis_fail_the_run_at_once(runtime):
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
     sent: list[BatchPayload] = []
     # the guard pass finishes; then the staged list disappears before publishing
-    while sweep_slice(runtime, run_id, sent.append, slice_seconds=1e-9) == "continue":
+    while sweep_slice(recording(runtime, sent.append), run_id, slice_seconds=1e-9) == "continue":
         if runtime.store.load_checkpoint(run_id)["phase"] == "publish":  # type: ignore[index]
             break
     runtime.store.redis.delete(runtime.store.run_key(run_id, "staged"))
 
     with pytest.raises(RunStateError, match="staged batches are missing") as raised:
-        sweep_slice(runtime, run_id, sent.append)
+        sweep_slice(recording(runtime, sent.append), run_id)
 
     # the sweep task's error handler fails the run without retrying: nothing can bring them back
     assert on_slice_error(runtime, run_id, raised.value) is None
@@ -269,11 +270,13 @@ def test_staged_batches_lost_from_redis_fail_the_run_at_once(runtime):
 @pytest.mark.parametrize("phase", ["guard", "publish"])
 def test_a_checkpoint_from_before_staging_resumes_by_listing(runtime, monkeypatch, phase):
     # Given a sweep checkpointed by a release that did not stage (no staged fields)
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
     sent: list[BatchPayload] = []
     with monkeypatch.context() as patched:
         patched.setattr(sweep_module, "STAGE_LIMIT", 0)  # sweeps like that release
-        while sweep_slice(runtime, run_id, sent.append, slice_seconds=1e-9) == "continue":
+        while (
+            sweep_slice(recording(runtime, sent.append), run_id, slice_seconds=1e-9) == "continue"
+        ):
             if runtime.store.load_checkpoint(run_id)["phase"] == phase:  # type: ignore[index]
                 break
     raw = runtime.store.load_checkpoint(run_id)
@@ -295,7 +298,7 @@ def test_a_checkpoint_from_before_staging_resumes_by_listing(runtime, monkeypatc
 def test_a_slice_that_outran_its_lease_is_fenced_and_the_in_flight_count_stays_exact(runtime):
     # Given a run whose first slice stalls mid-publish past its lease (a long listing
     # page, say), while a redelivered copy of the slice takes the lease over
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
     lease = runtime.store.run_key(run_id, "sweep_lease")
     late: list[BatchPayload] = []
     takeover: list[str] = []
@@ -304,12 +307,12 @@ def test_a_slice_that_outran_its_lease_is_fenced_and_the_in_flight_count_stays_e
         late.append(payload)
         if len(late) == 1:
             runtime.store.redis.delete(lease)  # the lease expires while the slice stalls
-            takeover.append(sweep_slice(runtime, run_id, redelivered.append))
+            takeover.append(sweep_slice(recording(runtime, redelivered.append), run_id))
 
     redelivered: list[BatchPayload] = []
 
     # When the stalled slice goes on after the takeover
-    first = sweep_slice(runtime, run_id, stall_then_publish)
+    first = sweep_slice(recording(runtime, stall_then_publish), run_id)
 
     # Then it is fenced at its next checkpoint, the takeover swept everything, and the
     # run counts each batch in flight once
@@ -323,13 +326,13 @@ def test_a_slice_that_outran_its_lease_is_fenced_and_the_in_flight_count_stays_e
 
 def test_a_checkpoint_clears_the_sweep_error_count(runtime):
     # Given a run whose sweep failed twice, transiently
-    run_id = start(runtime, runtime.target("snapshots"), CUTOFF, lambda _: None).run_id
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
     for _ in range(2):
         assert on_slice_error(runtime, run_id, TimeoutError("slow page")) is not None
     assert runtime.store.get(run_id).count("sweep_errors") == 2
 
     # When a slice then makes progress
-    assert sweep_slice(runtime, run_id, lambda _: None) == "done"
+    assert sweep_slice(recording(runtime), run_id) == "done"
 
     # Then the count starts over, so errors spread over a long sweep never add up to a failure
     assert runtime.store.get(run_id).count("sweep_errors") == 0

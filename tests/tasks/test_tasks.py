@@ -20,10 +20,11 @@ from digest_cleanup.kinds import Outcome
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import start
 from digest_cleanup.testing import memory
+from digest_cleanup.testing.dispatcher import RecordingDispatcher
 from digest_cleanup.testing.servers import RedisServer
 from digest_cleanup.testing.stack import wait_for
-from digest_cleanup.worker.app import create_app, dead_letter_queue
-from digest_cleanup.worker.tasks.base import enqueue_sweep
+from digest_cleanup.worker.app import create_app
+from digest_cleanup.worker.dispatch import CeleryDispatcher
 
 CUTOFF = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
 OLD = CUTOFF - timedelta(days=3)
@@ -90,6 +91,7 @@ def runtime(
     celery_session_app: Any, celery_session_worker: Any, settings: Settings
 ) -> Iterator[Runtime]:
     runtime = Runtime(settings, parse_targets(TARGETS))
+    runtime.dispatcher = CeleryDispatcher(celery_session_app, runtime)
     client = redis.Redis.from_url(settings.broker_url)
     for key in client.scan_iter("dctask:*"):
         client.delete(key)
@@ -102,7 +104,7 @@ def runtime(
 
 def _run(runtime: Runtime, app: Any, **kwargs: Any) -> dict[str, Any]:
     target = runtime.target("snapshots")
-    started = start(runtime, target, CUTOFF, lambda run_id: enqueue_sweep(app, run_id), **kwargs)
+    started = start(runtime, target, CUTOFF, **kwargs)
     run = wait_for(
         lambda: (r := runtime.store.get(started.run_id)).finished and r, 30, "run to finish"
     )
@@ -155,7 +157,7 @@ def test_exhausted_and_permanent_failures_are_dead_lettered(runtime, celery_sess
     # Then both end in the dead-letter queue with their codes, the rest deleted
     assert run["status"] == "complete_with_failures"
     assert (run["deleted"], run["dead_lettered"]) == (18, 2)
-    entries = dead_letter_queue(runtime).entries()
+    entries = runtime.dead_letters.entries()
     codes = {
         k["key"]: (k["code"], e.as_dict()["reason"]) for e in entries for k in e.as_dict()["keys"]
     }
@@ -229,12 +231,13 @@ def test_dry_run_counts_and_samples_without_deleting(runtime, celery_session_app
 def test_second_trigger_attaches_instead_of_fanning_out_again(runtime, celery_session_app):
     memory.seed("tasks", {f"snap/{i:04d}": OLD for i in range(120)})
     target = runtime.target("snapshots")
-    sent: list[str] = []
+    dispatcher = RecordingDispatcher()
+    runtime.dispatcher = dispatcher
 
-    first = start(runtime, target, CUTOFF, sent.append)
-    second = start(runtime, target, CUTOFF, sent.append)
+    first = start(runtime, target, CUTOFF)
+    second = start(runtime, target, CUTOFF)
 
     assert first.action == "created"
     assert second.action == "attached"
     assert second.run_id == first.run_id
-    assert sent == [first.run_id]
+    assert dispatcher.sweeps == [(first.run_id, None)]

@@ -9,42 +9,18 @@ from celery import shared_task
 from celery.exceptions import Reject, Retry
 
 from digest_cleanup.pipeline.attempts import give_up, process
-from digest_cleanup.pipeline.batches import BatchPayload, backoff
-from digest_cleanup.pipeline.dead_letter import index_headers
-from digest_cleanup.worker.tasks.base import HIDDEN_KWARGS, CleanupTask, DeadLettered
+from digest_cleanup.pipeline.batches import backoff
+from digest_cleanup.worker.dispatch import BATCH_TASK
+from digest_cleanup.worker.tasks.base import CleanupTask, DeadLettered
 
 
-class _TaskPublisher:
-    """Publishes a batch's follow-ups (retry, dead letter) through the task's app."""
-
-    def __init__(self, task: CleanupTask) -> None:
-        self.task = task
-
-    def retry(self, payload: BatchPayload, countdown: float) -> None:
-        # Same task id, so Flower shows one task going through its retries.
-        self.task.publish_batch(payload, countdown=countdown, task_id=self.task.request.id)
-
-    def dead_letter(self, entry_id: str, kwargs: dict[str, Any], label: str) -> None:
-        self.task.app.send_task(
-            "digest_cleanup.delete_batch",
-            kwargs=kwargs,
-            task_id=entry_id,
-            queue=self.task.runtime.settings.dead_letter_queue,
-            argsrepr=f"dead letter: {label}",
-            kwargsrepr=HIDDEN_KWARGS,
-            # What the dead-letter index files the entry under, readable without
-            # decoding the body (see DeadLetterQueue.absorb).
-            headers=index_headers(kwargs),
-        )
-
-
-@shared_task(bind=True, base=CleanupTask, name="digest_cleanup.delete_batch", max_retries=None)
+@shared_task(bind=True, base=CleanupTask, name=BATCH_TASK, max_retries=None)
 def delete_batch(self: CleanupTask, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Delete one batch; retries and dead letters are published by :func:`process`."""
+    """Delete one batch; :func:`process` sends its retries and dead letters."""
     raw: Any = kwargs if not args else {"positional": list(args)[:3], **kwargs}
-    publisher = _TaskPublisher(self)
+    task_id = self.request.id or ""
     try:
-        report = process(self.runtime, raw, self.request.id or "", publisher)
+        report = process(self.runtime, raw, task_id)
     except redis.RedisError as exc:
         # The run store is unreachable, so nothing can be decided or recorded: hand
         # the message back.  Redis is also the broker, so nothing loops meanwhile.
@@ -57,7 +33,7 @@ def delete_batch(self: CleanupTask, *args: Any, **kwargs: Any) -> dict[str, Any]
         if deliveries < settings.max_deliveries:
             raise self.retry(countdown=backoff(self.request.retries, settings), exc=exc) from exc
         try:
-            report = give_up(self.runtime, raw, exc, deliveries, publisher)
+            report = give_up(self.runtime, raw, exc, deliveries, task_id)
         except redis.RedisError as lost:
             raise Reject(f"run store unavailable: {lost}", requeue=True) from lost
     summary = report.as_dict()

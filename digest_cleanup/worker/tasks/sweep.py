@@ -13,17 +13,18 @@ from celery.exceptions import Reject
 from digest_cleanup.config.targets import CATCH_UP_WINDOW, utcnow
 from digest_cleanup.errors import CutoffError
 from digest_cleanup.pipeline.sweep import on_slice_error, start, sweep_slice
+from digest_cleanup.worker.dispatch import SWEEP_TASK, TRIGGER_TASK
 from digest_cleanup.worker.tasks.base import CleanupTask
 
 #: How long a beat's claim on a slot is kept: past the catch-up window.
 SLOT_CLAIM_SECONDS = int(CATCH_UP_WINDOW.total_seconds()) + 86_400
 
 
-@shared_task(bind=True, base=CleanupTask, name="digest_cleanup.sweep")
+@shared_task(bind=True, base=CleanupTask, name=SWEEP_TASK)
 def sweep(self: CleanupTask, run_id: str) -> dict[str, Any]:
     """Advance a run's sweep by one slice, and enqueue the next slice if needed."""
     try:
-        result = sweep_slice(self.runtime, run_id, self.publish_batch)
+        result = sweep_slice(self.runtime, run_id)
     except redis.RedisError as exc:
         # The run store is unreachable: nothing can be decided, so hand the slice back.
         raise Reject(f"run store unavailable: {exc}", requeue=True) from exc
@@ -31,14 +32,14 @@ def sweep(self: CleanupTask, run_id: str) -> dict[str, Any]:
         countdown = on_slice_error(self.runtime, run_id, exc)
         if countdown is None:
             return {"run_id": run_id, "result": "failed"}
-        self.enqueue_sweep(run_id, countdown=countdown)
+        self.runtime.dispatcher.send_sweep(run_id, countdown=countdown)
         return {"run_id": run_id, "result": "retrying", "countdown": countdown}
     if result == "continue":
-        self.enqueue_sweep(run_id)
+        self.runtime.dispatcher.send_sweep(run_id)
     return {"run_id": run_id, "result": result}
 
 
-@shared_task(bind=True, base=CleanupTask, name="digest_cleanup.trigger")
+@shared_task(bind=True, base=CleanupTask, name=TRIGGER_TASK)
 def trigger(
     self: CleanupTask, target: str, now: str | None = None, catch_up: bool = False
 ) -> dict[str, Any]:
@@ -67,7 +68,6 @@ def trigger(
             runtime,
             tgt,
             tgt.cutoff_for(slot),
-            self.enqueue_sweep,
             trigger="beat-catch-up" if catch_up else "beat",
         )
     except CutoffError as exc:
