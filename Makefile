@@ -1,14 +1,42 @@
-# digest-cleanup: every target here is named in the README.
+# digest-cleanup: every target says what it does in its ## comment, and `make help` lists them.
 PYTHON ?= python3
 PYTEST_ARGS ?=
+# Commands the tests look up on PATH, each with the Debian package that provides it
+# (command:package).
+APT_TOOLS ?= chromium:chromium chromedriver:chromium-driver promtool:prometheus \
+	redis-server:redis-server openssl:openssl systemd-analyze:systemd ip:iproute2
+# Root runs apt-get itself; anyone else goes through sudo.
+SUDO = $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help install test lint format demo bench reliability screenshot worker beat flower metrics clean
+.PHONY: help install test-tools test lint format demo bench reliability screenshot worker beat flower metrics clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 install:  ## install the package with every extra and the dev tools
 	$(PYTHON) -m pip install -e '.[dev]'
+
+test-tools:  ## everything the tests use: the dev extra, then apt-get for the APT_TOOLS missing
+	@report=$$(mktemp) && \
+	$(PYTHON) -m pip install --quiet --quiet --report "$$report" -e '.[dev]' && \
+	$(PYTHON) -c 'import json, sys; \
+	new = ["%s %s" % (i["metadata"]["name"], i["metadata"]["version"]) \
+	       for i in json.load(open(sys.argv[1]))["install"] if not i.get("is_direct")]; \
+	print("pip: digest-cleanup[dev] installed editable;", \
+	      "also installed " + ", ".join(new) if new else "every dependency was already present")' \
+	"$$report"; status=$$?; rm -f "$$report"; exit $$status
+	@missing=; for pair in $(APT_TOOLS); do \
+	    command -v "$${pair%%:*}" >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+	done; \
+	if [ -z "$$missing" ]; then \
+	    echo "apt-get: nothing to install; on PATH: $(foreach t,$(APT_TOOLS),$(firstword $(subst :, ,$(t))))"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "missing:$$missing; there is no apt-get here, so install those with your package manager" >&2; exit 1; \
+	else \
+	    $(SUDO) apt-get update -qq && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null && \
+	    echo "apt-get: installed$$missing"; \
+	fi
 
 test:  ## the whole suite: unit, task and end-to-end tiers (needs no running services)
 	$(PYTHON) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -47,5 +75,5 @@ flower:  ## Flower on 127.0.0.1:5555 with basic auth from FLOWER_BASIC_AUTH=user
 metrics:  ## the Prometheus endpoint on :9808
 	$(PYTHON) -m digest_cleanup.cli metrics --port 9808
 
-clean:
+clean:  ## remove caches and build output
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
