@@ -1,7 +1,7 @@
 """Run the real pipeline once and watch it: worker processes, Redis, S3, the run store.
 
 A run is started the way ``digest-cleanup run`` starts it
-(:func:`~digest_cleanup.pipeline.sweep.start` with the sweep enqueued on the broker)
+(:func:`~digest_cleanup.pipeline.lifecycle.start` with the sweep enqueued on the broker)
 while the workers are already up, and the clock stops at the run's own
 ``ended_at``, written by the script that finishes it.
 Meanwhile a sampler reads the run and the batch queue ten times a second until
@@ -32,10 +32,10 @@ import redis
 
 from benchmarks.environment import children, client_ports, cpu_seconds, memory_kib
 from digest_cleanup.config.settings import Settings
+from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
 from digest_cleanup.pipeline.runs import FINAL_STATUSES, RunStore, epoch_of
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.pipeline.sweep import start
 from digest_cleanup.testing.stack import Process, Stack
 from digest_cleanup.worker.app import create_app
 

@@ -95,7 +95,7 @@ def cmd_targets(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
     from digest_cleanup.pipeline import progress
-    from digest_cleanup.pipeline.sweep import start
+    from digest_cleanup.pipeline.lifecycle import start
 
     target = ctx.runtime.target(args.target)
     cutoff = parse_cutoff(args.cutoff) if args.cutoff else target.cutoff_for(utcnow())

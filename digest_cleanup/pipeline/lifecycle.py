@@ -1,4 +1,8 @@
-"""What happens when a run ends: the audit report, the target's last success, the log line.
+"""A run's start and its end: opening it and sending its sweep; the report when it ends.
+
+A run starts with :func:`start` (from beat's trigger or the CLI), which opens it
+in the run store and sends its first sweep slice.  It ends with
+:func:`finish_run`: the audit report, the target's last success, the log line.
 
 The report (a summary, plus one line for every item that was not deleted and
 why) goes to the audit location, see :mod:`digest_cleanup.pipeline.audit`.  It is the
@@ -7,16 +11,121 @@ durable record: Redis state ages out, and a Redis restart may lose it sooner.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
+from digest_cleanup.clock import epoch_of, now_iso
+from digest_cleanup.config.targets import Target
 from digest_cleanup.logs import log_event
 from digest_cleanup.pipeline import audit
-from digest_cleanup.pipeline.runs import now_iso
+from digest_cleanup.pipeline.runs import FINAL_STATUSES
 from digest_cleanup.pipeline.runtime import Runtime
 
 logger = logging.getLogger("digest_cleanup.run")
+
+#: A sweep that has not checkpointed for the visibility timeout plus this long is stalled.
+STALL_MARGIN_SECONDS = 30.0
+
+
+def run_id_for(target: str, cutoff: datetime, *, dry_run: bool = False) -> str:
+    """Deterministic: the same target and cutoff always name the same run."""
+    return f"{target}-{cutoff:%Y%m%dT%H%M%SZ}" + ("-dry" if dry_run else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """What a trigger did: created, attached, resumed (a stalled sweep) or restarted."""
+
+    run_id: str
+    action: Literal["created", "attached", "resumed", "restarted"]
+    status: str
+
+
+def start(
+    runtime: Runtime,
+    target: Target,
+    cutoff: datetime,
+    *,
+    dry_run: bool = False,
+    force: bool = False,
+    trigger: str = "cli",
+) -> Started:
+    """Open the run for (target, cutoff) and enqueue its sweep, unless it already exists.
+
+    A second trigger for a run in progress attaches to it (beat firing twice, an
+    operator re-running).  A run whose sweep stopped making progress for longer
+    than the visibility timeout gets its sweep enqueued again: it resumes from
+    the checkpoint.  A ``failed`` run starts over, since nothing it refused was deleted,
+    and so does a finished run whose target's scope has changed since.
+
+    Raises :class:`CutoffError` for a cutoff inside the target's retention window,
+    whoever asks for it (the CLI, beat, or a trigger sent through Flower's API).
+    """
+    target.check_cutoff(cutoff)
+    store = runtime.store
+    run_id = run_id_for(target.name, cutoff, dry_run=dry_run)
+    kind = target.make_kind(runtime.settings)
+    fields = {
+        "target": target.name,
+        "kind": target.kind,
+        "location": kind.describe(),
+        "scope": kind.scope_digest,
+        "conditional_deletes": kind.conditional,
+        "cutoff": cutoff.isoformat(),
+        "dry_run": dry_run,
+        "forced": force,
+        "trigger": trigger,
+        "batch_size": target.batch_size,
+        "max_delete": target.max_delete,
+        "config_digest": target.config_digest,
+    }
+    status = store.open(run_id, fields)
+    if status in FINAL_STATUSES and status != "failed":
+        previous = store.get(run_id).fields.get("scope", "")
+        if previous and previous != kind.scope_digest:
+            status = "failed"  # listed under another scope: list again under this one
+    if status == "failed":
+        store.reset(run_id)
+        status = store.open(run_id, fields)
+        action: Literal["created", "attached", "resumed", "restarted"] = "restarted"
+    else:
+        action = "created" if status == "created" else "attached"
+    if action in ("created", "restarted"):
+        log_event(
+            logger,
+            "run",
+            runtime.settings,
+            run_id=run_id,
+            status="running",
+            trigger=trigger,
+            action=action,
+            cutoff=cutoff.isoformat(),
+            dry_run=dry_run,
+        )
+        runtime.dispatcher.send_sweep(run_id)
+        return Started(run_id, action, "running")
+    run = store.get(run_id)
+    if run.finished and run.fields.get("report_pending") == "1":
+        finish_run(runtime, run_id)  # its report could not be written before; try again
+    if (
+        run.status == "running"
+        and run.fields.get("sweep_done") != "1"
+        and _stalled(runtime, run.fields)
+    ):
+        runtime.dispatcher.send_sweep(run_id)
+        return Started(run_id, "resumed", run.status)
+    return Started(run_id, "attached", run.status)
+
+
+def _stalled(runtime: Runtime, fields: Any) -> bool:
+    """True when the sweep has not checkpointed for longer than a redelivery would take."""
+    last = epoch_of(fields.get("sweep_heartbeat") or fields.get("created_at"))
+    if last is None:
+        return True
+    return time.time() - last > runtime.settings.visibility_timeout + STALL_MARGIN_SECONDS
 
 
 def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import redis
 
+from digest_cleanup.pipeline.lifecycle import run_id_for
 from digest_cleanup.pipeline.runs import RunStore
-from digest_cleanup.pipeline.sweep import run_id_for
 from digest_cleanup.testing.stack import Process, Stack, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -11,8 +11,9 @@ from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.pipeline.attempts import process
 from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.pipeline.sweep import start, sweep_slice
+from digest_cleanup.pipeline.sweep import sweep_slice
 from digest_cleanup.testing import memory
 from digest_cleanup.testing.dispatcher import RecordingDispatcher, recording
 

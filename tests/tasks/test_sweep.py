@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -14,8 +13,9 @@ from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import RunStateError
 from digest_cleanup.pipeline import sweep as sweep_module
 from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.pipeline.sweep import on_slice_error, start, sweep_slice
+from digest_cleanup.pipeline.sweep import on_slice_error, sweep_slice
 from digest_cleanup.testing import memory
 from digest_cleanup.testing.dispatcher import recording
 
@@ -94,18 +94,48 @@ def test_a_crashed_sweep_resumes_from_its_checkpoint_and_loses_no_batch(runtime)
     assert sweep_module.STAGED_READ_BATCHES >= 7
 
 
-def test_a_sweep_that_lists_again_resends_only_the_crashed_pages_outbox(runtime, monkeypatch):
-    # Given a run too big to stage, whose sweep dies after publishing its seventh batch
+def test_a_sweep_that_lists_again_resends_only_the_chunk_in_flight(runtime, monkeypatch):
+    # Given a run too big to stage, whose sweep dies after sending its seventh batch
+    # while it drains a window refilled from the second listing
     monkeypatch.setattr(sweep_module, "STAGE_LIMIT", 150)
     run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
 
     published, resumed = _crash_and_resume(runtime, run_id, crash_at=7)
 
-    # Then only the crashed page's outbox (b00007 and b00008) went out again
+    # Then it drains exactly as a staged run does: only the seven batches of the chunk
+    # counted in flight when it died went out twice
     sent = published + resumed
     _assert_every_batch_once_in_the_run(runtime, run_id, sent)
     twice = sorted(b for b, n in Counter(p.batch_id for p in sent).items() if n > 1)
-    assert twice == [f"{run_id}-b00007"]
+    assert twice == [f"{run_id}-b{n:05d}" for n in range(1, 8)]
+
+
+def test_a_second_listing_refills_the_stage_a_window_at_a_time(runtime, scans, monkeypatch):
+    # Given a run too big to stage, and a refill window of three batches
+    monkeypatch.setattr(sweep_module, "STAGE_LIMIT", 150)
+    monkeypatch.setattr(sweep_module, "REFILL_BATCHES", 3)
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
+    most_staged = 0
+    real_stage = runtime.store.stage
+
+    def watching(rid: str, batches: list[list[str]]) -> int:
+        nonlocal most_staged
+        length = real_stage(rid, batches)
+        most_staged = max(most_staged, length)
+        return length
+
+    monkeypatch.setattr(runtime.store, "stage", watching)
+
+    # When it sweeps to the end, handing over after every step
+    sent = _sweep_to_end(runtime, run_id, slice_seconds=1e-9)
+
+    # Then Redis never held more than a window (plus one page's batches), every key
+    # went out once, in order, and the counters hold
+    assert most_staged <= 3 + 2
+    assert [i for p in sent for i in p.items] == [f"snap/{i:05d}" for i in range(1000)]
+    assert [p.seq for p in sent] == list(range(1, 21))
+    run = runtime.store.get(run_id)
+    assert (run.count("listed"), run.count("expired"), run.count("batches")) == (1030, 1000, 20)
 
 
 @pytest.mark.parametrize("stage_limit", [sweep_module.STAGE_LIMIT, 150], ids=["staged", "listed"])
@@ -265,34 +295,6 @@ def test_staged_batches_lost_from_redis_fail_the_run_at_once(runtime):
     run = runtime.store.get(run_id)
     assert (run.status, run["reason"]) == ("failed", "run_state_lost")
     assert "trigger the run again" in run["message"]
-
-
-@pytest.mark.parametrize("phase", ["guard", "publish"])
-def test_a_checkpoint_from_before_staging_resumes_by_listing(runtime, monkeypatch, phase):
-    # Given a sweep checkpointed by a release that did not stage (no staged fields)
-    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
-    sent: list[BatchPayload] = []
-    with monkeypatch.context() as patched:
-        patched.setattr(sweep_module, "STAGE_LIMIT", 0)  # sweeps like that release
-        while (
-            sweep_slice(recording(runtime, sent.append), run_id, slice_seconds=1e-9) == "continue"
-        ):
-            if runtime.store.load_checkpoint(run_id)["phase"] == phase:  # type: ignore[index]
-                break
-    raw = runtime.store.load_checkpoint(run_id)
-    assert raw is not None
-    old = {k: v for k, v in raw.items() if k not in ("staged", "sent")}
-    runtime.store.redis.set(runtime.store.run_key(run_id, "checkpoint"), json.dumps(old))
-
-    # When the new release resumes it
-    sent += _sweep_to_end(runtime, run_id)
-
-    # Then every expired item is published, each in exactly one batch
-    by_id = {p.batch_id: p.items for p in sent}
-    assert sorted(i for items in by_id.values() for i in items) == [
-        f"snap/{i:05d}" for i in range(1000)
-    ]
-    assert runtime.store.get(run_id).count("batches") == 20
 
 
 def test_a_slice_that_outran_its_lease_is_fenced_and_the_in_flight_count_stays_exact(runtime):

@@ -17,8 +17,8 @@ import redis
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.kinds import Outcome
+from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.pipeline.sweep import start
 from digest_cleanup.testing import memory
 from digest_cleanup.testing.dispatcher import RecordingDispatcher
 from digest_cleanup.testing.servers import RedisServer

@@ -12,7 +12,8 @@ from celery.exceptions import Reject
 
 from digest_cleanup.config.targets import CATCH_UP_WINDOW, utcnow
 from digest_cleanup.errors import CutoffError
-from digest_cleanup.pipeline.sweep import on_slice_error, start, sweep_slice
+from digest_cleanup.pipeline.lifecycle import start
+from digest_cleanup.pipeline.sweep import on_slice_error, sweep_slice
 from digest_cleanup.worker.dispatch import SWEEP_TASK, TRIGGER_TASK
 from digest_cleanup.worker.tasks.base import CleanupTask
 
