@@ -1,4 +1,4 @@
-"""Tests for the fault-injecting S3 proxy, against a real weed mini."""
+"""Tests for the fault-injecting S3 proxy and the proxy core under it, against a real weed mini."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 import pytest
 from botocore.exceptions import BotoCoreError, ClientError
 
-from digest_cleanup.testing.faults import FaultProxy, _fix_integrity_headers, _merge_errors
+from digest_cleanup.testing.faults import FaultProxy
+from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
+from digest_cleanup.testing.s3_messages import (
+    ACCESS_DENIED_BODY,
+    fix_integrity_headers,
+    merge_errors,
+)
 from digest_cleanup.testing.seed import create_bucket, seed_keys
 from digest_cleanup.testing.servers import WeedServer, find_weed, require, s3_client
 
@@ -177,7 +183,7 @@ def test_rewritten_body_gets_matching_integrity_headers() -> None:
         ("Host", "127.0.0.1:1"),
     ]
 
-    fixed = dict(_fix_integrity_headers(headers, body))
+    fixed = dict(fix_integrity_headers(headers, body))
 
     crc32 = base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
     assert fixed["Content-MD5"] == base64.b64encode(hashlib.md5(body).digest()).decode()  # noqa: S324
@@ -189,10 +195,10 @@ def test_rewritten_body_gets_matching_integrity_headers() -> None:
 
 def test_injected_errors_merge_into_any_delete_result() -> None:
     error = b"<Error><Key>k</Key></Error>"
-    assert _merge_errors(b'<DeleteResult xmlns="x"><Deleted/></DeleteResult>', error) == (
+    assert merge_errors(b'<DeleteResult xmlns="x"><Deleted/></DeleteResult>', error) == (
         b'<DeleteResult xmlns="x"><Deleted/><Error><Key>k</Key></Error></DeleteResult>'
     )
-    assert _merge_errors(b'<DeleteResult xmlns="x" />', error) == (
+    assert merge_errors(b'<DeleteResult xmlns="x" />', error) == (
         b'<DeleteResult xmlns="x"><Error><Key>k</Key></Error></DeleteResult>'
     )
 
@@ -315,3 +321,49 @@ def test_stop_closes_kept_alive_connections(weed_server: WeedServer, bucket: str
         client.head_bucket(Bucket=bucket)
     with pytest.raises(OSError):  # noqa: PT011 - any refusal will do
         http.client.HTTPConnection("127.0.0.1", port, timeout=2).connect()
+
+
+# ------------------------------------------------------------------ the core
+
+
+class _ReadOnly(ReverseProxy):
+    """A second rule set on the same core: every PUT refused, the rest forwarded."""
+
+    label = "read-only proxy"
+
+    def handle(self, request: ProxyHandler) -> None:
+        body = request.read_body()
+        if request.command == "PUT":
+            request.reply(http.client.FORBIDDEN, ACCESS_DENIED_BODY, [])
+        else:
+            request.relay(body)
+
+
+def test_the_bare_core_forwards_everything(
+    weed_server: WeedServer, direct: S3Client, bucket: str
+) -> None:
+    with ReverseProxy(weed_server.endpoint_url) as plain:
+        client = s3_client(plain.endpoint_url, max_attempts=1)
+        client.put_object(Bucket=bucket, Key="through.txt", Body=b"plain")
+
+        assert client.get_object(Bucket=bucket, Key="through.txt")["Body"].read() == b"plain"
+    assert direct.get_object(Bucket=bucket, Key="through.txt")["Body"].read() == b"plain"
+
+
+def test_another_rule_set_decides_through_handle_alone(
+    weed_server: WeedServer, direct: S3Client, bucket: str
+) -> None:
+    # Given a rule set that answers PUTs itself, and an object written directly
+    direct.put_object(Bucket=bucket, Key="kept.txt", Body=b"abc")
+    with _ReadOnly(weed_server.endpoint_url) as read_only:
+        client = s3_client(read_only.endpoint_url, max_attempts=1)
+
+        # When a client writes and reads through it
+        with pytest.raises(ClientError) as caught:
+            client.put_object(Bucket=bucket, Key="refused.txt", Body=b"x")
+        fetched = client.get_object(Bucket=bucket, Key="kept.txt")["Body"].read()
+
+    # Then the write was answered by the rules and never reached S3, and the read was forwarded
+    assert caught.value.response["Error"]["Code"] == "AccessDenied"
+    assert not _exists(direct, bucket, "refused.txt")
+    assert fetched == b"abc"
