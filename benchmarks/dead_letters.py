@@ -1,7 +1,7 @@
 """The dead-letter queue at depth: one entry's operations with 10 and with 50,000 entries.
 
 Showing, redriving and purging one entry, and listing one run's entries, must
-cost the same however many entries wait (see :mod:`digest_cleanup.pipeline.dead_letter`).
+cost the same however many entries wait (see :mod:`digest_cleanup.pipeline.dead_letter_queue`).
 This fills a dedicated Redis with N entries, as workers publish them (Celery
 messages on the dead-letter queue, absorbed into the index by the first read),
 then times each operation on one entry, at each depth, in the same invocation.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import json
 import statistics
 import time
@@ -25,7 +26,6 @@ from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import ItemResult, Outcome
 from digest_cleanup.pipeline.batches import BatchPayload
 from digest_cleanup.pipeline.dead_letter import make_entry
-from digest_cleanup.pipeline.messaging import DeadLetter
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.servers import RedisServer
 from digest_cleanup.worker.app import create_app
@@ -112,11 +112,9 @@ def _published(settings: Settings) -> str:
         scope="bench",
     )
     dead = {k: ItemResult(k, Outcome.PERMANENT, "AccessDenied", "Access Denied") for k in keys}
-    entry = make_entry(payload, dead, "permanent_error")
+    letter = make_entry(payload, dead, "permanent_error")
     runtime = create_app(settings).digest_cleanup_runtime
-    runtime.dispatcher.send_dead_letter(
-        DeadLetter("dl-bench-000000", entry.to_message(), entry.describe())
-    )
+    runtime.dispatcher.send_dead_letter(dataclasses.replace(letter, entry_id="dl-bench-000000"))
     client = runtime.redis
     raw = client.rpop(settings.dead_letter_queue)
     assert raw is not None

@@ -27,7 +27,6 @@ from digest_cleanup.kinds import ItemResult, Outcome, TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.pipeline.batches import BatchPayload, BatchReport, backoff, decide
 from digest_cleanup.pipeline.dead_letter import make_entry, make_poison_entry
-from digest_cleanup.pipeline.messaging import DeadLetter
 from digest_cleanup.pipeline.runs import BatchRecord
 from digest_cleanup.pipeline.runtime import Runtime
 
@@ -184,9 +183,9 @@ def _refuse(
     if current:
         return _dead_whole(runtime, payload, task_id, started, code, message, message)
     dead = {i: ItemResult(i, Outcome.PERMANENT, code, message) for i in payload.items}
-    entry = make_entry(payload, dead, code, message)
-    entry_id = entry.dead_letter["entry_id"]
-    runtime.dispatcher.send_dead_letter(DeadLetter(entry_id, entry.to_message(), entry.describe()))
+    letter = make_entry(payload, dead, code, message)
+    entry_id = letter.entry_id
+    runtime.dispatcher.send_dead_letter(letter)
     report = BatchReport(
         status="dead_lettered",
         batch_id=payload.batch_id,
@@ -268,9 +267,8 @@ def _follow_up_and_record(
         if not reason:
             transient = any(r.outcome is Outcome.TRANSIENT for r in decided.dead.values())
             reason = "retries_exhausted" if transient else "permanent_error"
-        entry = make_entry(payload, decided.dead, reason, message)
-        entry_id = entry.dead_letter["entry_id"]
-        letter = DeadLetter(entry_id, entry.to_message(), entry.describe())
+        letter = make_entry(payload, decided.dead, reason, message)
+        entry_id = letter.entry_id
         runtime.dispatcher.send_dead_letter(letter)
         report.status = "dead_lettered" if not decided.retry else report.status
         report.dead_lettered, report.entry_id, report.reason = len(decided.dead), entry_id, reason
@@ -317,9 +315,9 @@ def _follow_up_and_record(
 
 def _poison(runtime: Runtime, raw: Any, task_id: str, poison: PoisonMessage) -> BatchReport:
     """Dead-letter a message that can never succeed; account it if it is a real batch of a run."""
-    kwargs = make_poison_entry(task_id, raw, poison.code, poison.message)
-    entry_id = kwargs["dead_letter"]["entry_id"]
-    runtime.dispatcher.send_dead_letter(DeadLetter(entry_id, kwargs, f"poison {poison.code}"))
+    letter = make_poison_entry(task_id, raw, poison.code, poison.message)
+    runtime.dispatcher.send_dead_letter(letter)
+    entry_id, kwargs = letter.entry_id, letter.body
     report = BatchReport(
         status="poison",
         run_id=kwargs["run_id"],

@@ -12,27 +12,15 @@ up into the Celery app for one.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Protocol
+from typing import Protocol
 
 from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.pipeline.dead_letter import DeadLetter
 
 #: Queue of sweep slices and beat triggers.
 SWEEP_QUEUE = "sweeps"
 #: Queue of batch deletes.
 BATCH_QUEUE = "batches"
-
-
-@dataclasses.dataclass(frozen=True)
-class DeadLetter:
-    """A dead-letter entry on its way to the dead-letter queue."""
-
-    #: The entry's id, deterministic for a batch (see :func:`~.dead_letter.make_entry`).
-    entry_id: str
-    #: The message body: a batch message a redrive sends back as it is, or a poison record.
-    body: dict[str, Any]
-    #: What Flower shows for it.
-    label: str
 
 
 class Dispatcher(Protocol):

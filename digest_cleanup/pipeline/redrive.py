@@ -22,7 +22,8 @@ from collections.abc import Iterable
 
 from digest_cleanup.errors import ConfigError, RefusedBatch
 from digest_cleanup.pipeline.attempts import check_batch
-from digest_cleanup.pipeline.dead_letter import DeadLetterQueue, Entry
+from digest_cleanup.pipeline.dead_letter import Entry
+from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
 from digest_cleanup.pipeline.runtime import Runtime
 
 

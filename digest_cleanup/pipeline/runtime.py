@@ -20,7 +20,7 @@ import redis
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import Target, Targets, load_targets
 from digest_cleanup.kinds import TargetKind
-from digest_cleanup.pipeline.dead_letter import DeadLetterQueue
+from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, Dispatcher
 from digest_cleanup.pipeline.runs import RunStore
 

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable
 
 from digest_cleanup.pipeline.batches import BatchPayload
-from digest_cleanup.pipeline.messaging import DeadLetter
+from digest_cleanup.pipeline.dead_letter import DeadLetter
 from digest_cleanup.pipeline.runtime import Runtime
 
 

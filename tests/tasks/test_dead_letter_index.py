@@ -11,7 +11,8 @@ import pytest
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import ItemResult, Outcome
 from digest_cleanup.pipeline.batches import BatchPayload
-from digest_cleanup.pipeline.dead_letter import DeadLetterQueue, index_headers, make_entry
+from digest_cleanup.pipeline.dead_letter import index_headers, make_entry
+from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.worker.app import create_app
 
@@ -35,7 +36,7 @@ def _entry(run: str, keys: list[str]) -> dict[str, Any]:
         scope="s",
     )
     dead = {k: ItemResult(k, Outcome.PERMANENT, "AccessDenied") for k in keys}
-    return make_entry(payload, dead, "permanent_error").to_message()
+    return make_entry(payload, dead, "permanent_error").body
 
 
 def _publish(app: Any, entry_id: str, kwargs: dict[str, Any], *, headers: bool = True) -> None:

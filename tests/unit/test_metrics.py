@@ -202,7 +202,7 @@ def test_latency_histogram_is_cumulative_per_target(runtime):
 
 def test_dead_letters_last_success_and_verify(runtime):
     # Given two dead-letter entries (3 keys) published as the batch task publishes them
-    app = create_app(runtime.settings, runtime.targets)
+    create_app(runtime=runtime)
     for attempt, keys in enumerate(
         (["statements/a/1.pdf"], ["statements/a/2.pdf", "statements/a/3.pdf"])
     ):
@@ -216,13 +216,7 @@ def test_dead_letters_last_success_and_verify(runtime):
             attempt=attempt,
         )
         dead = {k: ItemResult(k, Outcome.PERMANENT, "AccessDenied", "Access Denied") for k in keys}
-        entry = make_entry(payload, dead, "permanent_error")
-        app.send_task(
-            "digest_cleanup.delete_batch",
-            kwargs=entry.to_message(),
-            task_id=entry.dead_letter["entry_id"],
-            queue=runtime.settings.dead_letter_queue,
-        )
+        runtime.dispatcher.send_dead_letter(make_entry(payload, dead, "permanent_error"))
     # and a target's last success and last verify, as `finish_run` and `verify` write them
     store = runtime.store
     store.redis.set(store.key("target", "statements", "last_success"), "2026-11-22T03:04:05.000Z")

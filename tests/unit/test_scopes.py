@@ -169,9 +169,9 @@ def test_a_poison_entry_keeps_every_key_of_a_batch_sized_message():
     entry = make_poison_entry("t1", {"base": "statements/", "rest": rest}, "too_many_keys", "")
 
     # Then every key is kept, as a genuine batch's would be
-    assert entry["dead_letter"]["item_count"] == 1001
-    assert len(entry["dead_letter"]["items"]) == 1001
-    assert entry["dead_letter"]["items"][-1].startswith("statements/1000")
+    assert entry.body["dead_letter"]["item_count"] == 1001
+    assert len(entry.body["dead_letter"]["items"]) == 1001
+    assert entry.body["dead_letter"]["items"][-1].startswith("statements/1000")
 
 
 def test_a_forged_message_larger_than_any_batch_is_counted_not_stored_whole():
@@ -183,7 +183,7 @@ def test_a_forged_message_larger_than_any_batch_is_counted_not_stored_whole():
 
     # Key-sized items are kept up to twice the largest batch; longer ones are no keys at
     # all, and only a few are shown, clipped
-    assert entry["dead_letter"]["item_count"] == 5000
-    assert 1000 < len(entry["dead_letter"]["items"]) < 5000
-    assert huge["dead_letter"]["item_count"] == 1000
-    assert len(huge["dead_letter"]["items"]) == 50
+    assert entry.body["dead_letter"]["item_count"] == 5000
+    assert 1000 < len(entry.body["dead_letter"]["items"]) < 5000
+    assert huge.body["dead_letter"]["item_count"] == 1000
+    assert len(huge.body["dead_letter"]["items"]) == 50
