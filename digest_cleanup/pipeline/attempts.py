@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from digest_cleanup.clock import now_iso
-from digest_cleanup.errors import CutoffError, PoisonMessage, RefusedBatch, TargetsFileError
-from digest_cleanup.kinds import ItemResult, Outcome, TargetKind
+from digest_cleanup.errors import PoisonMessage, RefusedBatch
+from digest_cleanup.kinds import ItemResult, Outcome
 from digest_cleanup.logs import log_event
-from digest_cleanup.pipeline.batches import BatchPayload, BatchReport, backoff, decide
+from digest_cleanup.pipeline.batch_checks import check_batch
+from digest_cleanup.pipeline.batches import BatchPayload, BatchReport, Decision, backoff, decide
 from digest_cleanup.pipeline.dead_letter import make_entry, make_poison_entry
 from digest_cleanup.pipeline.runs import BatchRecord
 from digest_cleanup.pipeline.runtime import Runtime
@@ -76,66 +77,6 @@ def process(runtime: Runtime, raw: Any, task_id: str) -> BatchReport:
     return _follow_up_and_record(
         runtime, payload, task_id, decided, started, reason="", delete_seconds=delete_seconds
     )
-
-
-def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
-    """Return the kind for a batch that may be deleted, or raise :class:`RefusedBatch`.
-
-    Every check reads this worker's own targets file and clock, never the
-    message's word: a batch outlives the configuration that listed it (retries,
-    redrives, duplicate deliveries), and a message can be forged.  A redrive runs
-    the same checks before it moves an entry (see :mod:`digest_cleanup.pipeline.redrive`).
-    """
-    try:
-        target = runtime.target(payload.target)
-    except TargetsFileError as exc:
-        raise RefusedBatch("unknown_target", f"{exc}; nothing in the batch was deleted") from None
-    kind = runtime.kind(target.name)
-    if len(payload.items) > kind.max_batch_size:
-        raise RefusedBatch(
-            "too_many_keys",
-            f"{len(payload.items)} items; one {target.kind} delete takes at most "
-            f"{kind.max_batch_size}",
-        )
-    if payload.scope != kind.scope_digest:
-        raise RefusedBatch(
-            "target_changed",
-            f"the batch was listed under another configuration of target {target.name} "
-            f"(scope {payload.scope or 'unknown'}, now {kind.scope_digest}: bucket, prefix "
-            "or versions changed); nothing was deleted. Put the configuration back "
-            "and redrive, or purge this entry: the target's next run lists it afresh",
-        )
-    # Scope first: a key outside the target is refused whatever else the message claims.
-    for item in payload.items:
-        reason = kind.out_of_scope(item)
-        if reason is not None:
-            raise RefusedBatch(
-                "out_of_scope", f"an item is {reason}; nothing in the batch was deleted"
-            )
-    try:
-        target.check_cutoff(payload.cutoff_datetime())
-    except CutoffError as exc:
-        raise RefusedBatch("inside_retention", f"{exc}; nothing in the batch was deleted") from None
-    run = runtime.store.find(payload.run_id)
-    if run is None or run.fields.get("target") != payload.target:
-        raise RefusedBatch(
-            "unknown_run",
-            f"run {payload.run_id!r} is not in the run store (lost with a Redis restart, or "
-            "forged); nothing was deleted; run the target again to re-list from the store",
-        )
-    if run.fields.get("token", "") != payload.run_token:
-        raise RefusedBatch(
-            "stale_run",
-            f"the batch belongs to an earlier incarnation of run {payload.run_id!r} (Redis "
-            "restarted or the run was restarted since it was published); nothing was deleted; "
-            "the current run re-lists its own keys",
-        )
-    if run.fields.get("cutoff") != payload.cutoff:
-        raise RefusedBatch(
-            "cutoff_mismatch",
-            f"message cutoff {payload.cutoff} differs from the run's {run.fields.get('cutoff')}",
-        )
-    return kind
 
 
 def give_up(
@@ -226,14 +167,13 @@ def _follow_up_and_record(
     runtime: Runtime,
     payload: BatchPayload,
     task_id: str,
-    decided: Any,
+    decided: Decision,
     started: float,
     *,
     reason: str,
     delete_seconds: float,
     message: str = "",
 ) -> BatchReport:
-    settings = runtime.settings
     report = BatchReport(
         status="done",
         batch_id=payload.batch_id,
@@ -243,74 +183,80 @@ def _follow_up_and_record(
         skipped=decided.skipped,
         delete_seconds=round(delete_seconds, 4),
     )
-    now = now_iso("seconds")
-    if decided.retry:
-        countdown = backoff(payload.attempt, settings, decided.retry_after)
-        failures = {i: [r.code, r.message[:500]] for i, r in decided.retry.items()}
-        runtime.dispatcher.send_batch(
-            payload.subset(
-                list(decided.retry),
-                attempt=payload.attempt + 1,
-                failures=failures,
-                first_failure_at=payload.first_failure_at or now,
-                published_at=time.time(),
-            ),
-            countdown=countdown,
-            task_id=task_id or None,
-        )
-        report.status, report.retrying, report.countdown = (
-            "retrying",
-            len(decided.retry),
-            round(countdown, 2),
-        )
-    if decided.dead:
-        if not reason:
-            transient = any(r.outcome is Outcome.TRANSIENT for r in decided.dead.values())
-            reason = "retries_exhausted" if transient else "permanent_error"
-        letter = make_entry(payload, decided.dead, reason, message)
-        entry_id = letter.entry_id
-        runtime.dispatcher.send_dead_letter(letter)
-        report.status = "dead_lettered" if not decided.retry else report.status
-        report.dead_lettered, report.entry_id, report.reason = len(decided.dead), entry_id, reason
-    latency = time.time() - payload.published_at if payload.published_at else None
-    report.recorded = runtime.store.record(
-        payload.run_id,
-        payload.target,
-        BatchRecord(
-            batch_id=payload.batch_id,
-            claim=payload.claim,
-            deleted=decided.deleted,
-            dead_lettered=len(decided.dead),
-            skipped=decided.skipped,
-            retries=1 if decided.retry else 0,
-            codes=decided.codes(),
-            retried_codes=sorted({r.code for r in decided.retry.values()}),
-            terminal=not decided.retry,
-            first_generation=payload.generation == 0,
-            latency=latency,
-            service_seconds=time.monotonic() - started if delete_seconds else None,
-            delete_seconds=delete_seconds,
-            items=len(payload.items),
-            skipped_items=[(r.item, r.code, r.message) for r in decided.skipped_items],
-        ),
-    )
+    _send_follow_ups(runtime, payload, task_id, decided, report, reason, message)
+    record = _batch_record(payload, decided, started, delete_seconds)
+    report.recorded = runtime.store.record(payload.run_id, payload.target, record)
     if report.recorded == "duplicate":
         report.status = "duplicate"
-    log_event(
-        logger,
-        "batch",
-        runtime.settings,
-        **report.as_dict(),
-        seq=payload.seq,
-        attempt=payload.attempt,
-        generation=payload.generation,
-        duration=round(time.monotonic() - started, 4),
-    )
+    log_event(logger, "batch", runtime.settings, **report.as_dict(), seq=payload.seq,
+              attempt=payload.attempt, generation=payload.generation,
+              duration=round(time.monotonic() - started, 4))  # fmt: skip
     if report.recorded == "finished":
         from digest_cleanup.pipeline.lifecycle import finish_run
 
         finish_run(runtime, payload.run_id)
     return report
+
+
+def _send_follow_ups(
+    runtime: Runtime,
+    payload: BatchPayload,
+    task_id: str,
+    decided: Decision,
+    report: BatchReport,
+    reason: str,
+    message: str,
+) -> None:
+    """Send the retry of the keys that failed transiently, and the dead letter of the rest."""
+    if decided.retry:
+        countdown = backoff(payload.attempt, runtime.settings, decided.retry_after)
+        failures = {i: [r.code, r.message[:500]] for i, r in decided.retry.items()}
+        retry = payload.subset(
+            list(decided.retry),
+            attempt=payload.attempt + 1,
+            failures=failures,
+            first_failure_at=payload.first_failure_at or now_iso("seconds"),
+            published_at=time.time(),
+        )
+        runtime.dispatcher.send_batch(retry, countdown=countdown, task_id=task_id or None)
+        report.status, report.retrying = "retrying", len(decided.retry)
+        report.countdown = round(countdown, 2)
+    if decided.dead:
+        if not reason:
+            transient = any(r.outcome is Outcome.TRANSIENT for r in decided.dead.values())
+            reason = "retries_exhausted" if transient else "permanent_error"
+        letter = make_entry(payload, decided.dead, reason, message)
+        runtime.dispatcher.send_dead_letter(letter)
+        report.status = "dead_lettered" if not decided.retry else report.status
+        report.dead_lettered, report.entry_id, report.reason = (
+            len(decided.dead),
+            letter.entry_id,
+            reason,
+        )
+
+
+def _batch_record(
+    payload: BatchPayload, decided: Decision, started: float, delete_seconds: float
+) -> BatchRecord:
+    """What the run store records of this attempt."""
+    latency = time.time() - payload.published_at if payload.published_at else None
+    return BatchRecord(
+        batch_id=payload.batch_id,
+        claim=payload.claim,
+        deleted=decided.deleted,
+        dead_lettered=len(decided.dead),
+        skipped=decided.skipped,
+        retries=1 if decided.retry else 0,
+        codes=decided.codes(),
+        retried_codes=sorted({r.code for r in decided.retry.values()}),
+        terminal=not decided.retry,
+        first_generation=payload.generation == 0,
+        latency=latency,
+        service_seconds=time.monotonic() - started if delete_seconds else None,
+        delete_seconds=delete_seconds,
+        items=len(payload.items),
+        skipped_items=[(r.item, r.code, r.message) for r in decided.skipped_items],
+    )
 
 
 def _poison(runtime: Runtime, raw: Any, task_id: str, poison: PoisonMessage) -> BatchReport:

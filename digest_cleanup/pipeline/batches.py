@@ -147,7 +147,7 @@ class BatchPayload:
 
 
 @dataclasses.dataclass
-class AttemptResult:
+class Decision:
     """What one attempt decided, before anything is published or recorded."""
 
     deleted: int = 0
@@ -168,9 +168,9 @@ class AttemptResult:
         return counts
 
 
-def decide(results: Sequence[ItemResult], attempt: int, max_retries: int) -> AttemptResult:
+def decide(results: Sequence[ItemResult], attempt: int, max_retries: int) -> Decision:
     """Sort per-item results into done, retry and dead letter."""
-    out = AttemptResult()
+    out = Decision()
     for result in results:
         if result.outcome is Outcome.DELETED:
             out.deleted += 1

@@ -141,25 +141,8 @@ def plan(
     workers = math.ceil(consumers / per_worker)
     concurrency = math.ceil(consumers / workers)
     peak = workers * concurrency * batch_size / batch_seconds
-    warnings = []
     needed = artifacts / window_seconds
-    if needed > S3_DELETES_PER_PREFIX:
-        warnings.append(
-            f"the window needs {needed:,.0f} deletes/s, past S3's {S3_DELETES_PER_PREFIX:,} "
-            "DELETE requests/s per prefix: S3 will answer SlowDown; widen the window or "
-            "spread the artifacts over more prefixes"
-        )
-    elif peak > S3_DELETES_PER_PREFIX:
-        warnings.append(
-            f"at full speed these slots would send {peak:,.0f} deletes/s, past S3's "
-            f"{S3_DELETES_PER_PREFIX:,} per prefix: expect SlowDown retries, or run fewer slots"
-        )
-    if service.p99 > visibility_timeout * VISIBILITY_SHARE:
-        warnings.append(
-            f"p99 batch time {service.p99:.1f} s is more than {VISIBILITY_SHARE:.0%} of the "
-            f"visibility timeout ({visibility_timeout:.0f} s): a slow batch risks being handed "
-            "to a second worker; raise CLEANUP_VISIBILITY_TIMEOUT or lower batch_size"
-        )
+    warnings = _warnings(needed, peak, service, visibility_timeout)
     return Plan(
         artifacts=artifacts,
         window_seconds=window_seconds,
@@ -177,6 +160,31 @@ def plan(
         peak_deletes_per_second=peak,
         warnings=warnings,
     )
+
+
+def _warnings(
+    needed: float, peak: float, service: ServiceTimes, visibility_timeout: float
+) -> list[str]:
+    """What makes a plan risky: S3's per-prefix delete rate, and slow batches."""
+    warnings = []
+    if needed > S3_DELETES_PER_PREFIX:
+        warnings.append(
+            f"the window needs {needed:,.0f} deletes/s, past S3's {S3_DELETES_PER_PREFIX:,} "
+            "DELETE requests/s per prefix: S3 will answer SlowDown; widen the window or "
+            "spread the artifacts over more prefixes"
+        )
+    elif peak > S3_DELETES_PER_PREFIX:
+        warnings.append(
+            f"at full speed these slots would send {peak:,.0f} deletes/s, past S3's "
+            f"{S3_DELETES_PER_PREFIX:,} per prefix: expect SlowDown retries, or run fewer slots"
+        )
+    if service.p99 > visibility_timeout * VISIBILITY_SHARE:
+        warnings.append(
+            f"p99 batch time {service.p99:.1f} s is more than {VISIBILITY_SHARE:.0%} of the "
+            f"visibility timeout ({visibility_timeout:.0f} s): a slow batch risks being handed "
+            "to a second worker; raise CLEANUP_VISIBILITY_TIMEOUT or lower batch_size"
+        )
+    return warnings
 
 
 def parse_duration(text: str) -> float:

@@ -4,7 +4,7 @@ A sweep has two phases.  The *guard* pass counts the expired keys before
 anything is deleted (and refuses a run past ``max_delete``); the *publish*
 phase sends their batches.  In between sits the *stage*: the expired keys cut
 into batches in Redis, which the guard pass fills as it counts (up to
-:data:`~digest_cleanup.pipeline.sweep.STAGE_LIMIT` keys) and the publish phase
+:data:`~digest_cleanup.pipeline.sweep_phases.STAGE_LIMIT` keys) and the publish phase
 drains.  A run too big to stage whole is staged again by the publish phase, a
 window at a time, from a second listing.
 """

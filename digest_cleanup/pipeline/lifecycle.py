@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from digest_cleanup.clock import epoch_of, now_iso
 from digest_cleanup.config.targets import Target
+from digest_cleanup.kinds import TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.pipeline import audit
 from digest_cleanup.pipeline.runs import FINAL_STATUSES
@@ -53,11 +54,11 @@ def start(
     force: bool = False,
     trigger: str = "cli",
 ) -> Started:
-    """Open the run for (target, cutoff) and enqueue its sweep, unless it already exists.
+    """Open the run for (target, cutoff) and send its sweep, unless it already exists.
 
     A second trigger for a run in progress attaches to it (beat firing twice, an
     operator re-running).  A run whose sweep stopped making progress for longer
-    than the visibility timeout gets its sweep enqueued again: it resumes from
+    than the visibility timeout gets its sweep sent again: it resumes from
     the checkpoint.  A ``failed`` run starts over, since nothing it refused was deleted,
     and so does a finished run whose target's scope has changed since.
 
@@ -68,20 +69,7 @@ def start(
     store = runtime.store
     run_id = run_id_for(target.name, cutoff, dry_run=dry_run)
     kind = target.make_kind(runtime.settings)
-    fields = {
-        "target": target.name,
-        "kind": target.kind,
-        "location": kind.describe(),
-        "scope": kind.scope_digest,
-        "conditional_deletes": kind.conditional,
-        "cutoff": cutoff.isoformat(),
-        "dry_run": dry_run,
-        "forced": force,
-        "trigger": trigger,
-        "batch_size": target.batch_size,
-        "max_delete": target.max_delete,
-        "config_digest": target.config_digest,
-    }
+    fields = _run_fields(target, kind, cutoff, dry_run=dry_run, force=force, trigger=trigger)
     status = store.open(run_id, fields)
     if status in FINAL_STATUSES and status != "failed":
         previous = store.get(run_id).fields.get("scope", "")
@@ -94,17 +82,9 @@ def start(
     else:
         action = "created" if status == "created" else "attached"
     if action in ("created", "restarted"):
-        log_event(
-            logger,
-            "run",
-            runtime.settings,
-            run_id=run_id,
-            status="running",
-            trigger=trigger,
-            action=action,
-            cutoff=cutoff.isoformat(),
-            dry_run=dry_run,
-        )
+        log_event(logger, "run", runtime.settings, run_id=run_id, status="running",
+                  trigger=trigger, action=action, cutoff=cutoff.isoformat(),
+                  dry_run=dry_run)  # fmt: skip
         runtime.dispatcher.send_sweep(run_id)
         return Started(run_id, action, "running")
     run = store.get(run_id)
@@ -118,6 +98,26 @@ def start(
         runtime.dispatcher.send_sweep(run_id)
         return Started(run_id, "resumed", run.status)
     return Started(run_id, "attached", run.status)
+
+
+def _run_fields(
+    target: Target, kind: TargetKind, cutoff: datetime, *, dry_run: bool, force: bool, trigger: str
+) -> dict[str, Any]:
+    """What a run records about itself when it opens."""
+    return {
+        "target": target.name,
+        "kind": target.kind,
+        "location": kind.describe(),
+        "scope": kind.scope_digest,
+        "conditional_deletes": kind.conditional,
+        "cutoff": cutoff.isoformat(),
+        "dry_run": dry_run,
+        "forced": force,
+        "trigger": trigger,
+        "batch_size": target.batch_size,
+        "max_delete": target.max_delete,
+        "config_digest": target.config_digest,
+    }
 
 
 def _stalled(runtime: Runtime, fields: Any) -> bool:

@@ -194,8 +194,14 @@ class _Families:
 
 def _add_target(fams: _Families, state: TargetState, now: float) -> None:
     """Add one target's series; the families exist (empty) even with no run yet."""
-    t = [state.target]
-    run = state.run
+    _add_run_state(fams, state, now)
+    _add_run_counts(fams, state)
+    _add_history(fams, state)
+
+
+def _add_run_state(fams: _Families, state: TargetState, now: float) -> None:
+    """Where the target's latest run stands: its oldest pending key, status and progress."""
+    t, run = [state.target], state.run
     fams.gauge(
         "digest_cleanup_oldest_pending_age_seconds",
         "Age of the oldest expired artifact the running run has found and not yet "
@@ -214,6 +220,11 @@ def _add_target(fams: _Families, state: TargetState, now: float) -> None:
         "Share of the latest run's expired keys that reached an outcome (0 to 1)",
         ["target"],
     ).add_metric(t, progress_ratio(run))
+
+
+def _add_run_counts(fams: _Families, state: TargetState) -> None:
+    """The latest run's counters."""
+    t, run = [state.target], state.run
     keys = fams.counter(
         "digest_cleanup_keys",
         "Expired keys of the latest run by outcome; deleted + dead_lettered + skipped "
@@ -270,6 +281,11 @@ def _add_target(fams: _Families, state: TargetState, now: float) -> None:
         created = epoch_of(run.fields.get("created_at"))
         if created is not None:
             started.add_metric(t, created)
+
+
+def _add_history(fams: _Families, state: TargetState) -> None:
+    """Across runs: the last success, the last verify, and batch latency."""
+    t = [state.target]
     success = fams.gauge(
         "digest_cleanup_last_success_timestamp_seconds",
         "When a run of the target last ended complete (Unix time); absent until one has",

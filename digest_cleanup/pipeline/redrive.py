@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from digest_cleanup.errors import ConfigError, RefusedBatch
-from digest_cleanup.pipeline.attempts import check_batch
+from digest_cleanup.pipeline.batch_checks import check_batch
 from digest_cleanup.pipeline.dead_letter import Entry
 from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
 from digest_cleanup.pipeline.runtime import Runtime
@@ -47,7 +47,7 @@ class Outcome:
 def refusal(runtime: Runtime, entry: Entry) -> Refusal | None:
     """Why ``entry`` must not be redriven now, or None when it may.
 
-    The checks are the worker's own (:func:`~digest_cleanup.pipeline.attempts.check_batch`),
+    The checks are the worker's own (:func:`~digest_cleanup.pipeline.batch_checks.check_batch`),
     so a redrive is refused for exactly what its delivery would be refused for.
     """
     if entry.payload is None:

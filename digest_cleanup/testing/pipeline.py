@@ -97,17 +97,7 @@ def run_pipeline(
         if len(targets) != 1:
             raise ValueError(f"the targets define {sorted(targets.by_name)}; say which to run")
         target = next(iter(targets)).name
-    tag = uuid.uuid4().hex[:12]
-    run_settings = Settings(
-        **{
-            **TEST_SETTINGS,
-            "broker_url": redis_url,
-            "key_prefix": f"dctest-{tag}",
-            "dead_letter_queue": f"dead_letter-{tag}",
-            "env": dict(env or {}),
-            **settings,
-        }
-    )
+    run_settings = _run_settings(redis_url, env, settings)
     caller_app = celery.current_app._get_current_object()
     app = create_app(run_settings, targets)
     # A new Celery app makes itself this thread's current app; keep the caller's.
@@ -134,6 +124,23 @@ def run_pipeline(
         return PipelineResult(run=run, dead_letters=entries, settings=run_settings)
     finally:
         runtime.close()
+
+
+def _run_settings(
+    redis_url: str, env: Mapping[str, str] | None, overrides: Mapping[str, Any]
+) -> Settings:
+    """:data:`TEST_SETTINGS` with keys and a dead-letter queue of this run's own."""
+    tag = uuid.uuid4().hex[:12]
+    return Settings(
+        **{
+            **TEST_SETTINGS,
+            "broker_url": redis_url,
+            "key_prefix": f"dctest-{tag}",
+            "dead_letter_queue": f"dead_letter-{tag}",
+            "env": dict(env or {}),
+            **overrides,
+        }
+    )
 
 
 @contextlib.contextmanager
@@ -163,24 +170,7 @@ def in_process_worker(app: Any, timeout: float = WORKER_TIMEOUT) -> Iterator[str
             ready.set()
 
     test_worker_started.connect(on_started, sender=app, weak=False)
-    shared_loop = get_event_loop()
-    set_event_loop(None)  # so the worker built below makes a loop of its own
-    try:
-        worker = TestWorkController(
-            app=app,
-            hostname=hostname,
-            pool="solo",
-            concurrency=1,
-            queues=[SWEEP_QUEUE, BATCH_QUEUE],
-            loglevel="WARNING",
-            logfile=None,
-            ready_callback=None,
-            without_heartbeat=True,
-            without_mingle=True,
-            without_gossip=True,
-        )
-    finally:
-        set_event_loop(shared_loop)
+    worker = _worker(app, hostname)
 
     def run() -> None:
         # Celery looks tasks up in the thread's current app (or the process default,
@@ -201,3 +191,25 @@ def in_process_worker(app: Any, timeout: float = WORKER_TIMEOUT) -> Iterator[str
             thread.join(timeout)
         if thread.is_alive():
             raise RuntimeError(f"the in-process worker did not stop within {timeout:.0f}s")
+
+
+def _worker(app: Any, hostname: str) -> TestWorkController:
+    """A solo worker for the pipeline's queues, with an event loop of its own."""
+    shared_loop = get_event_loop()
+    set_event_loop(None)  # so the worker built below makes a loop of its own
+    try:
+        return TestWorkController(
+            app=app,
+            hostname=hostname,
+            pool="solo",
+            concurrency=1,
+            queues=[SWEEP_QUEUE, BATCH_QUEUE],
+            loglevel="WARNING",
+            logfile=None,
+            ready_callback=None,
+            without_heartbeat=True,
+            without_mingle=True,
+            without_gossip=True,
+        )
+    finally:
+        set_event_loop(shared_loop)

@@ -34,7 +34,8 @@ def create_app(
 
     The app carries its :class:`Runtime` (a given one, or a new one), with a
     :class:`CeleryDispatcher` installed, so everything the pipeline sends goes
-    through this app.
+    through this app.  It is long because it is the whole Celery configuration in
+    one place, each setting beside its reason.
     """
     if runtime is not None:
         settings = runtime.settings

@@ -11,7 +11,7 @@ import pytest
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import RunStateError
-from digest_cleanup.pipeline import sweep as sweep_module
+from digest_cleanup.pipeline import sweep_phases
 from digest_cleanup.pipeline.batches import BatchPayload
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
@@ -91,13 +91,13 @@ def test_a_crashed_sweep_resumes_from_its_checkpoint_and_loses_no_batch(runtime)
     _assert_every_batch_once_in_the_run(runtime, run_id, sent)
     twice = sorted(b for b, n in Counter(p.batch_id for p in sent).items() if n > 1)
     assert twice == [f"{run_id}-b{n:05d}" for n in range(1, 8)]
-    assert sweep_module.STAGED_READ_BATCHES >= 7
+    assert sweep_phases.STAGED_READ_BATCHES >= 7
 
 
 def test_a_sweep_that_lists_again_resends_only_the_chunk_in_flight(runtime, monkeypatch):
     # Given a run too big to stage, whose sweep dies after sending its seventh batch
     # while it drains a window refilled from the second listing
-    monkeypatch.setattr(sweep_module, "STAGE_LIMIT", 150)
+    monkeypatch.setattr(sweep_phases, "STAGE_LIMIT", 150)
     run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
 
     published, resumed = _crash_and_resume(runtime, run_id, crash_at=7)
@@ -112,8 +112,8 @@ def test_a_sweep_that_lists_again_resends_only_the_chunk_in_flight(runtime, monk
 
 def test_a_second_listing_refills_the_stage_a_window_at_a_time(runtime, scans, monkeypatch):
     # Given a run too big to stage, and a refill window of three batches
-    monkeypatch.setattr(sweep_module, "STAGE_LIMIT", 150)
-    monkeypatch.setattr(sweep_module, "REFILL_BATCHES", 3)
+    monkeypatch.setattr(sweep_phases, "STAGE_LIMIT", 150)
+    monkeypatch.setattr(sweep_phases, "REFILL_BATCHES", 3)
     run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
     most_staged = 0
     real_stage = runtime.store.stage
@@ -138,12 +138,12 @@ def test_a_second_listing_refills_the_stage_a_window_at_a_time(runtime, scans, m
     assert (run.count("listed"), run.count("expired"), run.count("batches")) == (1030, 1000, 20)
 
 
-@pytest.mark.parametrize("stage_limit", [sweep_module.STAGE_LIMIT, 150], ids=["staged", "listed"])
+@pytest.mark.parametrize("stage_limit", [sweep_phases.STAGE_LIMIT, 150], ids=["staged", "listed"])
 def test_a_sweep_killed_while_sending_its_last_batches_sends_them_on_resume(
     runtime, monkeypatch, stage_limit
 ):
     # Given a sweep that dies while publishing its twentieth and last batch
-    monkeypatch.setattr(sweep_module, "STAGE_LIMIT", stage_limit)
+    monkeypatch.setattr(sweep_phases, "STAGE_LIMIT", stage_limit)
     run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
 
     published, resumed = _crash_and_resume(runtime, run_id, crash_at=20)
@@ -251,7 +251,7 @@ def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monke
 
 
 def test_past_the_stage_limit_publishing_lists_the_target_again(runtime, scans, monkeypatch):
-    monkeypatch.setattr(sweep_module, "STAGE_LIMIT", 150)
+    monkeypatch.setattr(sweep_phases, "STAGE_LIMIT", 150)
     run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
 
     sent = _sweep_to_end(runtime, run_id)

@@ -28,6 +28,8 @@ PIPELINE_MODULES = (
     "pipeline/dead_letter.py",
     "pipeline/dead_letter_queue.py",
     "pipeline/checkpoint.py",
+    "pipeline/batch_checks.py",
+    "pipeline/sweep_phases.py",
     "pipeline/messaging.py",
     "pipeline/runs.py",
     "pipeline/lifecycle.py",

@@ -1,0 +1,142 @@
+"""The package's layout: imports flow one way, nothing is circular, nothing is too long.
+
+The layers, from the bottom: errors and the clock; the settings; logging; the
+kinds; the targets file (a target names its kind); the pipeline; then the
+edges: the Celery wiring, the test plugin, the CLI, the demo.  A module may
+import its own layer and those below it, never one above, and no import is
+circular even inside a layer.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import digest_cleanup
+
+PACKAGE = Path(digest_cleanup.__file__).parent
+#: Layers by module-name prefix, bottom first; the longest matching prefix wins.
+LAYERS = {
+    "errors": 0,
+    "clock": 0,
+    "config.settings": 1,
+    "logs": 2,
+    "kinds": 3,
+    "config.targets": 4,
+    "pipeline": 5,
+    "worker": 6,
+    "testing": 7,
+    "cli": 8,
+    "demo": 9,
+    "": 10,  # the package itself: ``celery -A digest_cleanup`` builds the app there
+}
+#: Who may import the Celery app module: the Celery wiring and the entry points.
+APP_IMPORTERS = ("worker", "cli", "testing", "demo", "")
+#: A module this long, or a function this long, says why in its docstring.
+MODULE_LINES, FUNCTION_LINES = 350, 60
+REASON = "long because"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        name = ".".join(p for p in parts if p != "__init__")
+        found[name] = path
+    return found
+
+
+def _imports(path: Path, name: str) -> Iterator[str]:
+    """Modules of the package ``path`` imports, anywhere but under ``if TYPE_CHECKING``."""
+    tree = ast.parse(path.read_text())
+    skipped = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    modules = _modules()
+    for node in ast.walk(tree):
+        if id(node) in skipped or not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            assert node.level == 0, f"{name}: relative import"
+            base = node.module or ""
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        for target in targets:
+            if target == "digest_cleanup" or target.startswith("digest_cleanup."):
+                inner = target.removeprefix("digest_cleanup").removeprefix(".")
+                # Every import loads the package itself first, so importing it is no edge.
+                if inner and inner in modules:
+                    yield inner
+
+
+def _layer(name: str) -> int:
+    prefix = max((p for p in LAYERS if name == p or name.startswith(p + ".") or p == ""), key=len)
+    return LAYERS[prefix]
+
+
+GRAPH = {name: sorted(set(_imports(path, name)) - {name}) for name, path in _modules().items()}
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_imports_flow_down_the_layers(module):
+    upward = [dep for dep in GRAPH[module] if _layer(dep) > _layer(module)]
+    assert not upward, f"{module} (layer {_layer(module)}) reaches up to {upward}"
+
+
+def test_no_import_is_circular():
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in GRAPH[node]:
+            if state.get(dep) == 1:
+                cycles.append([*stack[stack.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = 2
+
+    for module in GRAPH:
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, cycles
+
+
+def test_only_the_celery_wiring_and_the_entry_points_import_the_app():
+    importers = [m for m, deps in GRAPH.items() if "worker.app" in deps]
+    wrong = [m for m in importers if _layer(m) < LAYERS["worker"] or m.startswith("pipeline")]
+    assert not wrong, wrong
+    assert all(m == "" or m.split(".")[0] in APP_IMPORTERS for m in importers), importers
+
+
+def test_the_checks_see_a_reach_up_and_a_cycle():
+    # The graph is read from the source: a pipeline module importing the app would show
+    assert "worker.app" in GRAPH["worker.tasks.base"]
+    assert _layer("pipeline.sweep") < _layer("worker.app")
+    assert _layer("kinds.s3") < _layer("config.targets") < _layer("pipeline.runs")
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_modules_and_functions_are_short_or_say_why(module):
+    path = _modules()[module]
+    source = path.read_text()
+    tree = ast.parse(source)
+    lines = source.count("\n")
+    if lines > MODULE_LINES:
+        assert REASON in (ast.get_docstring(tree) or ""), (
+            f"{module}: {lines} lines; split it, or say in its docstring why it is {REASON}"
+        )
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > FUNCTION_LINES:
+                assert REASON in (ast.get_docstring(node) or ""), (
+                    f"{module}.{node.name}: {length} lines; split it, or say why it is {REASON}"
+                )
