@@ -132,7 +132,7 @@ def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
     if args.watch:
         run = progress.wait(ctx.runtime.store, args.run_id, show=not args.json)
     data = run.as_dict()
-    data["retries_by_code"] = ctx.runtime.store.retry_codes(args.run_id)
+    data["failures_by_code"] = ctx.runtime.store.retry_codes(args.run_id)
     return show_run(data, args.json)
 
 

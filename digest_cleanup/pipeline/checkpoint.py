@@ -39,7 +39,7 @@ class Stage:
     #: Where the listing that fills the stage has got to (the guard's own while it stages).
     cursor: str | None = None
     #: Expired keys listed but not yet in a staged batch.
-    pending: list[Expired] = dataclasses.field(default_factory=list)
+    unbatched: list[Expired] = dataclasses.field(default_factory=list)
     #: Batches in the stage now; stage index ``i`` is batch ``base + i + 1``.
     staged: int = 0
     base: int = 0

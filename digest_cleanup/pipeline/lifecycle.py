@@ -136,7 +136,7 @@ def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:
     target = summary["target"]
     if run.status == "complete" and not summary.get("dry_run"):
         store.mark_success(target)
-    summary["retries_by_code"] = store.retry_codes(run_id)
+    summary["failures_by_code"] = store.retry_codes(run_id)
     summary["accounting"] = {
         "expired": summary["expired"],
         "deleted_plus_dead_lettered_plus_skipped": summary["deleted"]

@@ -62,8 +62,8 @@ def sweep_slice(
     # dead one frees the sweep well before its message is redelivered.  Every
     # checkpoint renews it, and a slice that lost it is fenced off (see RunStore).
     lease_seconds = limit + LEASE_MARGIN_SECONDS
-    token = store.take_lease(run_id, lease_seconds)
-    if token is None:
+    fence = store.take_lease(run_id, lease_seconds)
+    if fence is None:
         return "attached"
     try:
         target = runtime.target(run["target"])
@@ -84,7 +84,7 @@ def sweep_slice(
             deadline=time.monotonic() + limit,
             forced=run.fields.get("forced") == "1",
             dry_run=run.fields.get("dry_run") == "1",
-            lease=token,
+            lease=fence,
             lease_seconds=lease_seconds,
         )
         # Batches a killed slice staged after its last checkpoint are listed again.
@@ -98,7 +98,7 @@ def sweep_slice(
     except Fenced:
         return "fenced"
     finally:
-        store.release_lease(run_id, token)
+        store.release_lease(run_id, fence)
 
 
 def _refusal(

@@ -119,7 +119,7 @@ def guard(sweep: Slice) -> bool:
             guard.staging = staging = False
         elif staging:
             stage.cursor = guard.cursor
-            stage.pending.extend(_expired(page))
+            stage.unbatched.extend(_expired(page))
             _stage(sweep, final=False)
         if sweep.out_of_time():
             sweep.save()
@@ -160,11 +160,11 @@ def _refuse_max_delete(sweep: Slice, limit: int) -> bool:
 
 
 def _stage(sweep: Slice, *, final: bool) -> None:
-    """Stage the full batches in the pending keys (and the rest too when ``final``)."""
+    """Stage the full batches in the unbatched keys (and the rest too when ``final``)."""
     stage, size = sweep.cp.stage, sweep.target.batch_size
-    cut = len(stage.pending) if final else len(stage.pending) - len(stage.pending) % size
-    batches = [stage.pending[i : i + size] for i in range(0, cut, size)]
-    stage.pending = stage.pending[cut:]
+    cut = len(stage.unbatched) if final else len(stage.unbatched) - len(stage.unbatched) % size
+    batches = [stage.unbatched[i : i + size] for i in range(0, cut, size)]
+    stage.unbatched = stage.unbatched[cut:]
     if batches:
         stage.staged = sweep.store.stage(sweep.run_id, batches)
 
@@ -225,7 +225,7 @@ def _refill(sweep: Slice) -> bool:
     stage, pub = sweep.cp.stage, sweep.cp.publishing
     for page in sweep.kind.scan(sweep.cutoff, start_after=stage.cursor):
         pub.listed += page.scanned
-        stage.pending.extend(_expired(page))
+        stage.unbatched.extend(_expired(page))
         if page.cursor is not None:
             stage.cursor = page.cursor
         _stage(sweep, final=False)

@@ -59,7 +59,7 @@ class PipelineResult:
     """What one run did, read back from the run store."""
 
     #: The run as ``digest-cleanup status RUN --json`` shows it (``status``,
-    #: ``expired``, ``deleted``, ``dead_lettered``, ``skipped``, ``retries_by_code``...).
+    #: ``expired``, ``deleted``, ``dead_lettered``, ``skipped``, ``failures_by_code``...).
     run: dict[str, Any]
     #: This run's dead-letter entries as ``digest-cleanup dlq list --json`` shows them.
     dead_letters: list[dict[str, Any]]
@@ -119,7 +119,7 @@ def run_pipeline(
                 raise TimeoutError(
                     f"run {started.run_id} did not finish within {timeout:.0f}s: {view.as_dict()}"
                 )
-        run = view.as_dict() | {"retries_by_code": runtime.store.retry_codes(started.run_id)}
+        run = view.as_dict() | {"failures_by_code": runtime.store.retry_codes(started.run_id)}
         entries = [e.as_dict() for e in runtime.dead_letters.entries(run=started.run_id)]
         return PipelineResult(run=run, dead_letters=entries, settings=run_settings)
     finally:

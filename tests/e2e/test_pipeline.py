@@ -106,7 +106,7 @@ def test_slowdown_is_retried_with_backoff_until_deleted(make_stack, s3, bucket, 
     assert run["duplicates"] == 0  # a retry acknowledges its message: nothing is redelivered
     assert proxy.faults_injected["slowdown"] > 0
     status = stack.cli("status", run["run_id"], "--json").json()
-    assert status["retries_by_code"]["SlowDown"] >= run["retries"]
+    assert status["failures_by_code"]["SlowDown"] >= run["retries"]
     assert list_keys(s3, bucket) == set()
 
 
