@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from celery.schedules import crontab
+from croniter import CroniterBadDateError, croniter
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import CutoffError, TargetsFileError
@@ -32,6 +33,8 @@ DEFAULT_BATCH_SIZE = 500
 DEFAULT_MAX_DELETE = 250_000
 #: How long after a missed slot beat still catches up on start (a weekly schedule).
 CATCH_UP_WINDOW = timedelta(days=7)
+#: How far back :meth:`Target.last_slot` looks for a slot before giving up.
+SLOT_SEARCH = CATCH_UP_WINDOW * 5
 
 COMMON_FIELDS = frozenset(
     {"kind", "retention_days", "schedule", "batch_size", "max_delete", "description", "overlaps"}
@@ -84,21 +87,24 @@ class Target:
         """The latest scheduled instant at or before ``now`` (minute precision, UTC).
 
         Beat triggers and catch-ups both key their run on this slot, so two beats,
-        or a beat restarted after downtime, agree on one run per slot.
+        or a beat restarted after downtime, agree on one run per slot.  croniter
+        reads the expression only once Celery's crontab has accepted it, so both
+        read the same language; ``day_or=False`` keeps Celery's rule that a
+        restricted day of month and day of week must both match (cron's own is
+        either).  A slot older than :data:`SLOT_SEARCH` is an error.
         """
-        sched = self.crontab()
+        self.crontab()  # refuses what beat's crontab refuses, with the same message
         t = now.astimezone(UTC).replace(second=0, microsecond=0)
-        for _ in range(int(CATCH_UP_WINDOW.total_seconds() // 60) * 5):
-            if (
-                t.minute in sched.minute
-                and t.hour in sched.hour
-                and t.day in sched.day_of_month
-                and t.month in sched.month_of_year
-                and t.isoweekday() % 7 in sched.day_of_week
-            ):
-                return t
-            t -= timedelta(minutes=1)
-        raise TargetsFileError(f"targets.{self.name}.schedule: no slot in the last 35 days")
+        try:
+            # get_prev is strictly before its start: start a second late so t itself counts.
+            slot: datetime = croniter(
+                self.schedule, t + timedelta(seconds=1), day_or=False, max_years_between_matches=1
+            ).get_prev(datetime)
+        except CroniterBadDateError:  # none within a year: 29 February on a Monday, say
+            slot = t - SLOT_SEARCH
+        if t - slot >= SLOT_SEARCH:
+            raise TargetsFileError(f"targets.{self.name}.schedule: no slot in the last 35 days")
+        return slot
 
     def make_kind(self, settings: Settings) -> TargetKind:
         """A kind instance for this target."""
