@@ -10,6 +10,7 @@ in-flight count to zero decides the final status, so exactly one caller sees
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -19,6 +20,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import redis
+from redis.exceptions import LockNotOwnedError
+from redis.lock import Lock
 
 from digest_cleanup.errors import RunStateError
 
@@ -156,8 +159,6 @@ return 'recorded'
 """
 )
 
-_RELEASE_LUA = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
-
 _ABORT_LUA = """
 local run = KEYS[1]
 if redis.call('EXISTS', run) == 0 then return 'missing' end
@@ -271,7 +272,6 @@ class RunStore:
         self._record = client.register_script(_RECORD_LUA)
         self._fail = client.register_script(_FAIL_LUA)
         self._delivery = client.register_script(_DELIVERY_LUA)
-        self._release = client.register_script(_RELEASE_LUA)
         self._abort = client.register_script(_ABORT_LUA)
 
     def key(self, *parts: str) -> str:
@@ -322,24 +322,34 @@ class RunStore:
         self.redis.hdel(self.run_key(run_id), *fields)
 
     def take_lease(self, run_id: str, seconds: float) -> str | None:
-        """Take the sweep lease of ``run_id`` for ``seconds``; its fencing token, or None.
+        """Take the sweep lease of ``run_id`` for ``seconds``; its fence, or None.
 
         Only the holder's checkpoints are written (see :meth:`save_checkpoint`), so a
         slice that outran its lease and overlaps a redelivered one cannot count the
-        same batches twice.
+        same batches twice.  The lease is a redis-py lock whose token is the fence:
+        the checkpoint script reads the same key and compares the same value.
         """
-        token = uuid.uuid4().hex
-        taken = self.redis.set(self.run_key(run_id, "sweep_lease"), token, nx=True,
-                               px=int(seconds * 1000))  # fmt: skip
-        return token if taken else None
+        fence = uuid.uuid4().hex
+        lease = self._lock(self.run_key(run_id, "sweep_lease"), fence, seconds)
+        return fence if lease.acquire(token=fence) else None
 
     def holds_lease(self, run_id: str, token: str) -> bool:
-        """True while ``token`` still holds the sweep lease of ``run_id``."""
-        return self.redis.get(self.run_key(run_id, "sweep_lease")) == token.encode()
+        """True while the fence ``token`` still holds the sweep lease of ``run_id``."""
+        return self._lock(self.run_key(run_id, "sweep_lease"), token).owned()
 
     def release_lease(self, run_id: str, token: str) -> None:
-        """Give the lease back, if ``token`` still holds it."""
-        self._release(keys=[self.run_key(run_id, "sweep_lease")], args=[token])
+        """Give the lease back, if the fence ``token`` still holds it."""
+        _release(self._lock(self.run_key(run_id, "sweep_lease"), token))
+
+    def _lock(self, key: str, token: str, seconds: float | None = None) -> Lock:
+        """A non-blocking lock on ``key`` held under ``token``, the value stored at ``key``.
+
+        The token is explicit rather than per thread: whoever knows it (the slice
+        that took the lease, a redelivered trigger) is the holder.
+        """
+        lock = Lock(self.redis, key, timeout=seconds, blocking=False, thread_local=False)
+        lock.local.token = token.encode()
+        return lock
 
     def save_checkpoint(
         self,
@@ -532,14 +542,12 @@ class RunStore:
         True for the first claim and for the same holder again (its redelivery must
         still start the run); False when another holder has it.
         """
-        key = self.key("slot", target, slot)
-        if self.redis.set(key, holder, nx=True, ex=seconds):
-            return True
-        return self.redis.get(key) == holder.encode()
+        claim = self._lock(self.key("slot", target, slot), holder, seconds)
+        return bool(claim.acquire(token=holder)) or claim.owned()
 
     def release_slot(self, target: str, slot: str, holder: str) -> None:
         """Free a slot claim, if ``holder`` still has it (its run could not start)."""
-        self._release(keys=[self.key("slot", target, slot)], args=[holder])
+        _release(self._lock(self.key("slot", target, slot), holder))
 
     def mark_success(self, target: str) -> None:
         """Record now as the target's last complete run."""
@@ -587,6 +595,12 @@ def epoch_of(iso: str | None) -> float | None:
 def now_iso() -> str:
     """Now in UTC as ISO 8601 with milliseconds and a Z."""
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _release(lock: Lock) -> None:
+    """Free ``lock`` if its token still holds it; one that expired or was taken over stays."""
+    with contextlib.suppress(LockNotOwnedError):
+        lock.release()
 
 
 def _field(value: Any) -> str | int | float:

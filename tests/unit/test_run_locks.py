@@ -1,0 +1,121 @@
+"""The sweep lease and slot claims: one holder each, kept under the keys and values stored so far.
+
+Both are redis-py locks with an explicit token.  A running deployment's Redis
+holds leases and claims written before that, and the checkpoint script reads the
+lease key itself, so the key names, the stored values and the expiry must stay.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from digest_cleanup.pipeline.runs import RunStore
+
+RUN = "statements-20261129T0300Z"
+
+
+def _open(store: RunStore) -> None:
+    assert store.open(RUN, {"target": "statements"}) == "created"
+
+
+def test_the_lease_is_the_fence_stored_at_the_run_lease_key(redis_client: redis.Redis) -> None:
+    # Given a run store
+    store = RunStore(redis_client)
+
+    # When a slice takes the sweep lease for 30 seconds
+    fence = store.take_lease(RUN, 30)
+
+    # Then the fence is the plain value at dc:run:ID:sweep_lease, expiring in 30 s
+    assert fence is not None
+    assert redis_client.get(f"dc:run:{RUN}:sweep_lease") == fence.encode()
+    assert 29_000 < redis_client.pttl(f"dc:run:{RUN}:sweep_lease") <= 30_000
+
+
+def test_one_slice_holds_the_lease_and_only_its_fence_releases_it(
+    redis_client: redis.Redis,
+) -> None:
+    # Given a lease taken by one slice
+    store = RunStore(redis_client)
+    fence = store.take_lease(RUN, 30)
+    assert fence is not None
+
+    # Then another slice cannot take it, and only the fence holds it
+    assert store.take_lease(RUN, 30) is None
+    assert store.holds_lease(RUN, fence)
+    assert not store.holds_lease(RUN, "another-fence")
+
+    # When another fence releases it, it stays; when its own does, it is free
+    store.release_lease(RUN, "another-fence")
+    assert store.holds_lease(RUN, fence)
+    store.release_lease(RUN, fence)
+    assert not store.holds_lease(RUN, fence)
+    assert redis_client.exists(f"dc:run:{RUN}:sweep_lease") == 0
+    assert store.take_lease(RUN, 30) is not None
+
+
+def test_releasing_a_lost_lease_changes_nothing(redis_client: redis.Redis) -> None:
+    # Given a lease that expired and was taken by a redelivered slice
+    store = RunStore(redis_client)
+    stale = store.take_lease(RUN, 30)
+    assert stale is not None
+    redis_client.delete(f"dc:run:{RUN}:sweep_lease")
+    current = store.take_lease(RUN, 30)
+    assert current is not None
+
+    # When the stale slice gives its lease back
+    store.release_lease(RUN, stale)
+
+    # Then the current holder keeps it
+    assert store.holds_lease(RUN, current)
+
+
+def test_the_checkpoint_script_accepts_the_lease_fence_and_fences_any_other(
+    redis_client: redis.Redis,
+) -> None:
+    # Given a run whose sweep lease a slice holds
+    store = RunStore(redis_client)
+    _open(store)
+    fence = store.take_lease(RUN, 30)
+    assert fence is not None
+    checkpoint = {"listed": 3, "expired": 2, "seq": 1, "done": False}
+
+    # Then its checkpoint is saved, renewing the lease, and another fence's is refused
+    redis_client.pexpire(f"dc:run:{RUN}:sweep_lease", 5_000)
+    assert store.save_checkpoint(RUN, checkpoint, [], lease=fence, lease_seconds=60) == "saved"
+    assert redis_client.pttl(f"dc:run:{RUN}:sweep_lease") > 59_000
+    assert (
+        store.save_checkpoint(RUN, checkpoint, [], lease="another-fence", lease_seconds=60)
+        == "fenced"
+    )
+
+
+def test_a_slot_is_claimed_once_and_again_by_the_same_holder(redis_client: redis.Redis) -> None:
+    # Given a run store
+    store = RunStore(redis_client)
+
+    # When a trigger claims a slot, and its redelivery and another trigger claim it too
+    first = store.claim_slot("statements", "20261129T0300Z", "task-1", 3600)
+    again = store.claim_slot("statements", "20261129T0300Z", "task-1", 3600)
+    other = store.claim_slot("statements", "20261129T0300Z", "task-2", 3600)
+
+    # Then the first holder has it (its redelivery too), the other does not, and the
+    # claim is the holder's id at dc:slot:TARGET:SLOT for the time asked
+    assert (first, again, other) == (True, True, False)
+    assert redis_client.get("dc:slot:statements:20261129T0300Z") == b"task-1"
+    assert 3_599 < redis_client.ttl("dc:slot:statements:20261129T0300Z") <= 3_600
+
+
+def test_only_the_holder_frees_a_slot(redis_client: redis.Redis) -> None:
+    # Given a slot claimed by one trigger
+    store = RunStore(redis_client)
+    assert store.claim_slot("statements", "20261129T0300Z", "task-1", 3600)
+
+    # When another trigger frees it, it stays claimed
+    store.release_slot("statements", "20261129T0300Z", "task-2")
+    assert not store.claim_slot("statements", "20261129T0300Z", "task-2", 3600)
+
+    # When its holder frees it, the next trigger can claim it
+    store.release_slot("statements", "20261129T0300Z", "task-1")
+    assert store.claim_slot("statements", "20261129T0300Z", "task-2", 3600)
+    store.release_slot("statements", "20261129T0300Z", "task-1")  # no longer its: a no-op
+    assert redis_client.get("dc:slot:statements:20261129T0300Z") == b"task-2"
