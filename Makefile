@@ -9,7 +9,7 @@ APT_TOOLS ?= chromium:chromium chromedriver:chromium-driver promtool:prometheus 
 # Root runs apt-get itself; anyone else goes through sudo.
 SUDO = $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: help install test-tools test lint format demo bench reliability screenshot worker beat flower metrics clean
+.PHONY: help install test-tools test smoke lint format demo bench reliability screenshot worker beat flower metrics clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ test-tools:  ## everything the tests use: the dev extra, then apt-get for the AP
 
 test:  ## the whole suite: unit, task and end-to-end tiers (needs no running services)
 	$(PYTHON) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+smoke:  ## `pip install .` alone in a fresh virtualenv runs a worker and a real run (SMOKE_ARGS=--venv DIR)
+	$(PYTHON) -m tests.smoke.plain_install $(SMOKE_ARGS)
 
 lint:  ## ruff (lint and format check) and mypy --strict
 	$(PYTHON) -m ruff check digest_cleanup tests benchmarks
