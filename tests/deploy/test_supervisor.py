@@ -36,6 +36,7 @@ from digest_cleanup.testing.faults import FaultProxy
 from digest_cleanup.testing.seed import digest_layout_keys, seed_keys
 from digest_cleanup.testing.servers import WeedServer, require
 from digest_cleanup.testing.stack import Stack, wait_for
+from digest_cleanup.testing.tools import install_line
 from tests.conftest import list_keys
 
 pytestmark = pytest.mark.e2e
@@ -169,7 +170,11 @@ def stack(make_stack, bucket: str) -> Stack:
 
 @pytest.fixture
 def supervisor(tmp_path: Path, stack: Stack) -> Iterator[Supervisor]:
-    require(find_spec("supervisor") is not None, "supervisor is not installed")
+    require(
+        find_spec("supervisor") is not None,
+        "supervisor is not installed",
+        install=install_line("supervisord"),
+    )
     home = Path(sys.prefix)
     require((home / "bin" / "celery").exists(), f"no celery in {home}/bin")
     state = tmp_path / "state"

