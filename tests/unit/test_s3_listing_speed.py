@@ -1,0 +1,195 @@
+"""The lean ListObjectsV2 parser is kept because it is several times faster than botocore's.
+
+``python -m tests.unit.test_s3_listing_speed`` prints the figures that
+:mod:`digest_cleanup.kinds.s3_listing` quotes: client CPU per 1000-key page,
+the median of several repetitions, for botocore's own parsing and for the lean
+parser, both parsing timestamps the same way.  The test below fails once
+botocore catches up, which is the time to drop the lean parser.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+import boto3
+import botocore.handlers
+import botocore.session
+from botocore.awsrequest import AWSResponse
+
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.kinds import s3_listing
+from digest_cleanup.kinds.s3 import _fast_timestamp, make_client
+
+#: Keys per page: what S3 returns at most, and what the sweep asks for.
+PAGE_KEYS = 1000
+ENDPOINT = "http://127.0.0.1:9"  # never reached: every response is served by a hook
+CREDENTIALS = {"aws_access_key_id": "k", "aws_secret_access_key": "s"}
+#: The lean parser must stay at least this many times faster to be worth keeping.
+WORTH_KEEPING = 2.0
+
+Parse = Callable[[bytes], list[dict[str, Any]]]
+
+
+def page(*, entities: bool) -> bytes:
+    """A realistic ListObjectsV2 page: 1000 keys with ETags, sizes and dates.
+
+    With ``entities``, every tenth key holds XML character references.
+    """
+    rows = []
+    for n in range(PAGE_KEYS):
+        key = f"statements/2026-10-18/cust-{n:07d}.pdf"
+        if entities and n % 10 == 0:
+            key = f"statements/2026-10-18/a&amp;b&lt;c&gt;&#13;{n:07d}.pdf"
+        rows.append(
+            f"<Contents><Key>{key}</Key>"
+            f"<LastModified>2026-10-18T03:{n % 60:02d}:07.{n % 1000:03d}Z</LastModified>"
+            f"<ETag>&quot;{n:032x}&quot;</ETag><Size>{40_000 + n}</Size>"
+            "<StorageClass>STANDARD</StorageClass></Contents>"
+        )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        f"<Name>b</Name><Prefix>statements/</Prefix><KeyCount>{PAGE_KEYS}</KeyCount>"
+        "<MaxKeys>1000</MaxKeys><IsTruncated>true</IsTruncated>"
+        + "".join(rows)
+        + "<NextContinuationToken>t</NextContinuationToken></ListBucketResult>"
+    ).encode()
+
+
+def botocore_client() -> Any:
+    """A client that parses listings with botocore's own parser, timestamps as ours do."""
+    core = botocore.session.get_session()
+    core.get_component("response_parser_factory").set_parser_defaults(
+        timestamp_parser=_fast_timestamp
+    )
+    return boto3.Session(botocore_session=core, region_name="us-east-1", **CREDENTIALS).client(
+        "s3", endpoint_url=ENDPOINT
+    )
+
+
+def lean_client() -> Any:
+    return make_client(Settings(s3_endpoint_url=ENDPOINT, **CREDENTIALS))
+
+
+class _Raw:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def stream(self, **_: Any) -> Any:
+        yield self.body
+
+
+def listing_call(client: Any, body: bytes) -> Parse:
+    """One whole ``list_objects_v2`` call answered with ``body``, as the sweep makes it."""
+
+    def respond(request: Any, **_: Any) -> AWSResponse:
+        return AWSResponse(request.url, 200, {"content-type": "application/xml"}, _Raw(body))
+
+    client.meta.events.register("before-send.s3", respond)
+
+    def call(_: bytes) -> list[dict[str, Any]]:
+        contents: list[dict[str, Any]] = client.list_objects_v2(Bucket="b")["Contents"]
+        return contents
+
+    return call
+
+
+def botocore_parse(body: bytes) -> list[dict[str, Any]]:
+    """botocore's own work on a page: the 200-with-an-error check, then its parser."""
+    response = {"status_code": 200, "headers": {}, "body": body}
+    _ERROR_CHECK(_OPERATION, response)
+    contents: list[dict[str, Any]] = _PARSER.parse(response, _OPERATION.output_shape)["Contents"]
+    return contents
+
+
+def lean_parse(body: bytes) -> list[dict[str, Any]]:
+    """The lean parser's work on a page: the objects, then botocore on what is left."""
+    response = {"status_code": 200, "headers": {}, "body": body}
+    contents = s3_listing.parse_contents(response, _fast_timestamp)
+    _ERROR_CHECK(_OPERATION, response)
+    _PARSER.parse(response, _OPERATION.output_shape)
+    assert contents is not None
+    return contents
+
+
+#: botocore's check for a 200 with an error body, which the lean hook runs on the slim page.
+_ERROR_CHECK = getattr(botocore.handlers, "_handle_200_error", lambda *_: None)
+_SESSION = botocore.session.get_session()
+_OPERATION = _SESSION.get_service_model("s3").operation_model("ListObjectsV2")
+_FACTORY = _SESSION.get_component("response_parser_factory")
+_FACTORY.set_parser_defaults(timestamp_parser=_fast_timestamp)
+_PARSER = _FACTORY.create_parser("rest-xml")
+
+
+def cpu_ms(
+    lean: Parse, stock: Parse, body: bytes, *, repeat: int, number: int
+) -> tuple[float, float]:
+    """Median CPU milliseconds per page of each, over ``repeat`` runs of ``number`` pages.
+
+    The runs alternate, so a change in the machine's load falls on both alike.
+    """
+    runs: tuple[list[float], list[float]] = ([], [])
+    for parse in (lean, stock):
+        parse(body)  # warm: the first call builds botocore's caches
+    for _ in range(repeat):
+        for parse, times in zip((lean, stock), runs, strict=True):
+            times.append(
+                timeit.timeit(lambda p=parse: p(body), timer=time.process_time, number=number)
+            )
+    fast, slow = (statistics.median(times) / number * 1000 for times in runs)
+    return fast, slow
+
+
+def _fields(contents: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [(o["Key"], o["LastModified"], o["ETag"]) for o in contents]
+
+
+def test_on_a_realistic_page_both_parsers_read_the_same_keys_dates_and_etags() -> None:
+    for entities in (False, True):
+        body = page(entities=entities)
+        lean, stock = lean_parse(body), botocore_parse(body)
+        assert len(lean) == PAGE_KEYS
+        assert _fields(lean) == _fields(stock)
+        assert _fields(listing_call(lean_client(), body)(body)) == _fields(stock)
+    assert stock[0]["Key"] == "statements/2026-10-18/a&b<c>\r0000000.pdf"
+
+
+def test_the_lean_parser_is_still_worth_keeping() -> None:
+    # Given a realistic page
+    body = page(entities=True)
+
+    # When both parsers read it
+    lean, stock = cpu_ms(lean_parse, botocore_parse, body, repeat=5, number=3)
+
+    # Then botocore's own parsing still costs several times the lean parser's
+    assert stock / lean >= WORTH_KEEPING, (
+        f"botocore {stock:.1f} ms vs lean {lean:.1f} ms per page: let the client parse"
+    )
+
+
+def main(repeat: int = 15, number: int = 20) -> None:
+    """Print the figures :mod:`digest_cleanup.kinds.s3_listing` quotes."""
+    for entities in (False, True):
+        body = page(entities=entities)
+        label = "10% of keys with XML entities" if entities else "plain keys"
+        print(f"{PAGE_KEYS} keys, {len(body):,} bytes, {label}; CPU ms per page, "
+              f"median of {repeat} x {number}:")  # fmt: skip
+        for what, lean, stock in (
+            ("parse only", lean_parse, botocore_parse),
+            (
+                "whole list_objects_v2 call",
+                listing_call(lean_client(), body),
+                listing_call(botocore_client(), body),
+            ),
+        ):
+            fast, slow = cpu_ms(lean, stock, body, repeat=repeat, number=number)
+            print(f"  {what}: botocore {slow:.1f}, lean {fast:.1f} ({slow / fast:.1f}x)")
+
+
+if __name__ == "__main__":
+    main(*map(int, sys.argv[1:]))
