@@ -20,6 +20,8 @@ from typing import Any
 from celery.schedules import crontab
 from croniter import CroniterBadDateError, croniter
 
+# utcnow is also imported from here by callers that predate the clock module.
+from digest_cleanup.clock import utcnow as utcnow
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import CutoffError, TargetsFileError
 from digest_cleanup.kinds import TargetKind, load_kind
@@ -298,8 +300,3 @@ def _optional(name: str, table: Mapping[str, Any], field: str, typ: type[Any], d
     if field in table and (not isinstance(value, typ) or (isinstance(value, bool) and typ is int)):
         raise TargetsFileError(f"targets.{name}.{field}: expected {typ.__name__}, got {value!r}")
     return value
-
-
-def utcnow() -> datetime:
-    """The current time in UTC, second precision (one place, so tests can reason about it)."""
-    return datetime.now(UTC).replace(microsecond=0)

@@ -16,13 +16,15 @@ import json
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 import redis
 from redis.exceptions import LockNotOwnedError
 from redis.lock import Lock
 
+# epoch_of and now_iso are also imported from here by callers that predate the clock module.
+from digest_cleanup.clock import epoch_of as epoch_of
+from digest_cleanup.clock import now_iso as now_iso
 from digest_cleanup.errors import RunStateError
 
 #: Counters every run carries, all starting at 0.
@@ -580,21 +582,6 @@ class RunStore:
         """Most recent runs first."""
         for raw in self.redis.zrevrange(self.key("runs"), 0, limit - 1):
             yield as_text(raw)
-
-
-def epoch_of(iso: str | None) -> float | None:
-    """Seconds since the epoch for a stored ISO 8601 time, or None when absent or unreadable."""
-    if not iso:
-        return None
-    try:
-        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def now_iso() -> str:
-    """Now in UTC as ISO 8601 with milliseconds and a Z."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _release(lock: Lock) -> None:
