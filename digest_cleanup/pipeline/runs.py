@@ -6,90 +6,43 @@ attempt owns it, and any duplicate is told so and counts nothing.  A run ends
 when the sweep is done and no batch is in flight; the script that brings the
 in-flight count to zero decides the final status, so exactly one caller sees
 ``finished``.
+
+:class:`RunStore` is the one object the pipeline uses: the run and its
+transitions here, the sweep's lease and checkpoint in
+:mod:`~digest_cleanup.pipeline.sweep_state`, each target's state in
+:mod:`~digest_cleanup.pipeline.target_state`, and the fields and final
+statuses of a run's record in :mod:`~digest_cleanup.pipeline.run_record`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import redis
-from redis.exceptions import LockNotOwnedError
-from redis.lock import Lock
 
-# epoch_of and now_iso are also imported from here by callers that predate the clock module.
+# The "X as X" imports re-export names other modules import from here; each now lives
+# with its concept (epoch_of and now_iso in the clock).
 from digest_cleanup.clock import epoch_of as epoch_of
 from digest_cleanup.clock import now_iso as now_iso
 from digest_cleanup.errors import RunStateError
-
-#: Counters every run carries, all starting at 0.
-COUNTERS = (
-    "listed",
-    "expired",
-    "batches",
-    "batches_done",
-    "deleted",
-    "dead_lettered",
-    "skipped",
-    "retries",
-    "redriven",
-    "duplicates",
-    "inflight",
-)
-#: Plain fields that hold a yes or no.
-BOOL_FIELDS = frozenset(
-    {"dry_run", "sweep_done", "forced", "conditional_deletes", "report_pending"}
-)
-#: Plain fields that hold whole numbers.
-INT_FIELDS = frozenset({"batch_size", "max_delete", "expired_seen", "sweep_errors"})
-#: Statuses a run can be in; the last three are final until a redrive reopens it.
-Status = Literal["running", "complete", "complete_with_failures", "failed"]
-FINAL_STATUSES = frozenset({"complete", "complete_with_failures", "failed"})
-#: How long a finished run's state stays in Redis; the audit report is the durable record.
-RUN_TTL_SECONDS = 35 * 24 * 3600
-#: The keys of one run's state: its hash (no suffix) and the ``run:ID:SUFFIX`` keys.
-RUN_KEY_SUFFIXES = (
-    "",
-    "checkpoint",
-    "claims",
-    "pending",
-    "retry_codes",
-    "retried_codes",
-    "deliveries",
-    "staged",
-    "skipped_items",
-    "sweep_lease",
-)
-#: Upper bounds (seconds) of the enqueue-to-acknowledgement latency histogram.
-LATENCY_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-
-# Finish the run if the sweep is done and nothing is in flight.  Shared by the
-# scripts below; expects `run` and `now` to be set.
-_FINISH_LUA = """
-local function finish(run, now)
-  local h = redis.call('HMGET', run, 'status', 'sweep_done', 'inflight', 'expired',
-                       'deleted', 'dead_lettered', 'skipped')
-  if h[2] ~= '1' or tonumber(h[3]) ~= 0 or h[1] ~= 'running' then return 0 end
-  local expired, deleted = tonumber(h[4]), tonumber(h[5])
-  local dead, skipped = tonumber(h[6]), tonumber(h[7])
-  local status = 'complete'
-  if expired ~= deleted + dead + skipped then
-    status = 'failed'
-    redis.call('HSET', run, 'reason', 'accounting_mismatch',
-      'message', 'expired (' .. expired .. ') != deleted + dead_lettered + skipped (' ..
-      (deleted + dead + skipped) .. ')')
-  elseif dead > 0 then
-    status = 'complete_with_failures'
-  end
-  redis.call('HSET', run, 'status', status, 'ended_at', now)
-  return 1
-end
-"""
+from digest_cleanup.pipeline.keyspace import RUN_KEY_SUFFIXES as RUN_KEY_SUFFIXES
+from digest_cleanup.pipeline.keyspace import RUN_TTL_SECONDS as RUN_TTL_SECONDS
+from digest_cleanup.pipeline.keyspace import as_text as as_text
+from digest_cleanup.pipeline.run_record import BOOL_FIELDS as BOOL_FIELDS
+from digest_cleanup.pipeline.run_record import COUNTERS as COUNTERS
+from digest_cleanup.pipeline.run_record import FINAL_STATUSES as FINAL_STATUSES
+from digest_cleanup.pipeline.run_record import FINISH_LUA
+from digest_cleanup.pipeline.run_record import INT_FIELDS as INT_FIELDS
+from digest_cleanup.pipeline.run_record import RunView as RunView
+from digest_cleanup.pipeline.run_record import Status as Status
+from digest_cleanup.pipeline.sweep_state import SweepState
+from digest_cleanup.pipeline.target_state import LATENCY_BUCKETS as LATENCY_BUCKETS
+from digest_cleanup.pipeline.target_state import TargetState
 
 _OPEN_LUA = """
 local run = KEYS[1]
@@ -101,34 +54,8 @@ redis.call('SET', KEYS[3], ARGV[3])
 return 'created'
 """
 
-_CHECKPOINT_LUA = (
-    _FINISH_LUA
-    + """
-local run, cp, lease = KEYS[1], KEYS[2], KEYS[4]
-if redis.call('EXISTS', run) == 0 then return 'missing' end
--- The fence: only the slice holding the sweep lease may write, and writing renews it.
-if redis.call('GET', lease) ~= ARGV[5] then return 'fenced' end
-redis.call('PEXPIRE', lease, ARGV[6])
-local c = cjson.decode(ARGV[1])
-redis.call('SET', cp, ARGV[1])
-redis.call('HSET', run, 'listed', c.listed, 'expired', c.expired, 'batches', c.seq,
-           'sweep_heartbeat', ARGV[2])
-redis.call('HSET', run, 'sweep_errors', 0)
-local new = tonumber(ARGV[4])
-if new > 0 then
-  redis.call('HINCRBY', run, 'inflight', new)
-  for i = 7, #ARGV do redis.call('ZADD', KEYS[3], ARGV[3], ARGV[i]) end
-end
-if c.done then
-  redis.call('HSET', run, 'sweep_done', 1, 'swept_at', ARGV[2])
-  if finish(run, ARGV[2]) == 1 then return 'finished' end
-end
-return 'saved'
-"""
-)
-
 _RECORD_LUA = (
-    _FINISH_LUA
+    FINISH_LUA
     + """
 local run, claims, pending, codes, hist = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 if redis.call('EXISTS', run) == 0 then return 'missing' end
@@ -219,68 +146,16 @@ class BatchRecord:
     skipped_items: Sequence[tuple[str, str, str]] = ()
 
 
-@dataclasses.dataclass(frozen=True)
-class RunView:
-    """A read-only snapshot of one run."""
-
-    run_id: str
-    fields: Mapping[str, str]
-
-    def __getitem__(self, name: str) -> str:
-        return self.fields[name]
-
-    @property
-    def status(self) -> str:
-        return self.fields.get("status", "unknown")
-
-    @property
-    def finished(self) -> bool:
-        return self.status in FINAL_STATUSES
-
-    def count(self, name: str) -> int:
-        return int(self.fields.get(name, 0) or 0)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The run as JSON-able data: counters as ints, empty fields dropped."""
-        out: dict[str, Any] = {"run_id": self.run_id}
-        for key, value in sorted(self.fields.items()):
-            if key in COUNTERS or key in INT_FIELDS:
-                out[key] = int(value or 0)
-            elif key in (
-                "dry_run",
-                "sweep_done",
-                "forced",
-                "conditional_deletes",
-                "report_pending",
-            ):
-                out[key] = value == "1"
-            elif key == "sample":
-                out[key] = json.loads(value)
-            elif value != "":
-                out[key] = value
-        for key in COUNTERS:
-            out.setdefault(key, 0)
-        return out
-
-
-class RunStore:
+class RunStore(SweepState, TargetState):
     """Reads and writes run state; every counting write is an atomic script."""
 
     def __init__(self, client: redis.Redis, prefix: str = "dc") -> None:
-        self.redis = client
-        self.prefix = prefix
+        super().__init__(client, prefix)
         self._open = client.register_script(_OPEN_LUA)
-        self._checkpoint = client.register_script(_CHECKPOINT_LUA)
         self._record = client.register_script(_RECORD_LUA)
         self._fail = client.register_script(_FAIL_LUA)
         self._delivery = client.register_script(_DELIVERY_LUA)
         self._abort = client.register_script(_ABORT_LUA)
-
-    def key(self, *parts: str) -> str:
-        return ":".join((self.prefix, *parts))
-
-    def run_key(self, run_id: str, suffix: str = "") -> str:
-        return self.key("run", run_id) + (f":{suffix}" if suffix else "")
 
     def open(self, run_id: str, fields: Mapping[str, Any]) -> str:
         """Create the run unless it exists; return ``created`` or the existing status."""
@@ -296,7 +171,7 @@ class RunStore:
         }
         target = str(fields["target"])
         result = self._open(
-            keys=[self.run_key(run_id), self.key("runs"), self.key("target", target, "latest")],
+            keys=[self.run_key(run_id), self.key("runs"), self.latest_key(target)],
             args=[json.dumps(data), time.time(), run_id],
         )
         return as_text(result)
@@ -322,107 +197,6 @@ class RunStore:
     def clear(self, run_id: str, *fields: str) -> None:
         """Remove plain fields from a run."""
         self.redis.hdel(self.run_key(run_id), *fields)
-
-    def take_lease(self, run_id: str, seconds: float) -> str | None:
-        """Take the sweep lease of ``run_id`` for ``seconds``; its fence, or None.
-
-        Only the holder's checkpoints are written (see :meth:`save_checkpoint`), so a
-        slice that outran its lease and overlaps a redelivered one cannot count the
-        same batches twice.  The lease is a redis-py lock whose token is the fence:
-        the checkpoint script reads the same key and compares the same value.
-        """
-        fence = uuid.uuid4().hex
-        lease = self._lock(self.run_key(run_id, "sweep_lease"), fence, seconds)
-        return fence if lease.acquire(token=fence) else None
-
-    def holds_lease(self, run_id: str, token: str) -> bool:
-        """True while the fence ``token`` still holds the sweep lease of ``run_id``."""
-        return self._lock(self.run_key(run_id, "sweep_lease"), token).owned()
-
-    def release_lease(self, run_id: str, token: str) -> None:
-        """Give the lease back, if the fence ``token`` still holds it."""
-        _release(self._lock(self.run_key(run_id, "sweep_lease"), token))
-
-    def _lock(self, key: str, token: str, seconds: float | None = None) -> Lock:
-        """A non-blocking lock on ``key`` held under ``token``, the value stored at ``key``.
-
-        The token is explicit rather than per thread: whoever knows it (the slice
-        that took the lease, a redelivered trigger) is the holder.
-        """
-        lock = Lock(self.redis, key, timeout=seconds, blocking=False, thread_local=False)
-        lock.local.token = token.encode()
-        return lock
-
-    def save_checkpoint(
-        self,
-        run_id: str,
-        checkpoint: Mapping[str, Any],
-        new_batches: list[str],
-        *,
-        lease: str,
-        lease_seconds: float,
-    ) -> str:
-        """Store the sweep checkpoint and the sweep-owned counters in one step.
-
-        ``new_batches`` are batch ids entering flight for the first time; they are
-        counted in ``inflight`` exactly once, even when the sweep resumes and
-        publishes its outbox again.  Only the holder of ``lease`` writes, renewing it
-        for ``lease_seconds``; any other caller gets ``fenced`` and changes nothing.
-        A checkpoint is progress, so it also clears the sweep's error count.
-        """
-        result = self._checkpoint(
-            keys=[
-                self.run_key(run_id),
-                self.run_key(run_id, "checkpoint"),
-                self.run_key(run_id, "pending"),
-                self.run_key(run_id, "sweep_lease"),
-            ],
-            args=[
-                json.dumps(checkpoint),
-                now_iso(),
-                time.time(),
-                len(new_batches),
-                lease,
-                int(lease_seconds * 1000),
-                *new_batches,
-            ],
-        )
-        return as_text(result)
-
-    def count_sweep_error(self, run_id: str) -> int:
-        """Count one failed sweep slice since the last checkpoint; returns the count."""
-        return int(self.redis.hincrby(self.run_key(run_id), "sweep_errors", 1))
-
-    def stage(self, run_id: str, batches: Sequence[Sequence[Any]]) -> int:
-        """Append batches of expired items to the run's staged list; returns its length.
-
-        The guard pass stages what it counted, so publishing reads the batches back
-        instead of listing the target a second time (see :mod:`digest_cleanup.pipeline.sweep`).
-        """
-        key = self.run_key(run_id, "staged")
-        return int(self.redis.rpush(key, *(json.dumps(list(b)) for b in batches)))
-
-    def staged(self, run_id: str, start: int, count: int) -> list[list[Any]]:
-        """Up to ``count`` staged batches from index ``start`` on, in the order staged."""
-        raw = self.redis.lrange(self.run_key(run_id, "staged"), start, start + count - 1)
-        return [list(json.loads(batch)) for batch in raw]
-
-    def keep_staged(self, run_id: str, batches: int) -> None:
-        """Keep the first ``batches`` staged batches and drop the rest (all of them for 0).
-
-        A guard slice that dies after staging a batch but before its checkpoint
-        leaves that batch behind; the next slice lists its items again from the
-        checkpoint's cursor, so it drops the leftover first.
-        """
-        key = self.run_key(run_id, "staged")
-        if batches <= 0:
-            self.redis.delete(key)
-        else:
-            self.redis.ltrim(key, 0, batches - 1)
-
-    def load_checkpoint(self, run_id: str) -> dict[str, Any] | None:
-        raw = self.redis.get(self.run_key(run_id, "checkpoint"))
-        return None if raw is None else dict(json.loads(raw))
 
     def record(self, run_id: str, target: str, rec: BatchRecord) -> str:
         """Count one batch attempt once; returns recorded, finished, duplicate or missing."""
@@ -455,8 +229,8 @@ class RunStore:
                 self.run_key(run_id, "claims"),
                 self.run_key(run_id, "pending"),
                 self.run_key(run_id, "retry_codes"),
-                self.key("latency", target),
-                self.key("timings", target),
+                self.latency_key(target),
+                self.timings_key(target),
                 self.run_key(run_id, "retried_codes"),
                 self.run_key(run_id, "skipped_items"),
             ],
@@ -468,15 +242,6 @@ class RunStore:
         """The items the run left alone on purpose, with their code and why."""
         for raw in self.redis.lrange(self.run_key(run_id, "skipped_items"), 0, -1):
             yield dict(json.loads(raw))
-
-    def timings(self, target: str, limit: int = 2000) -> list[tuple[float, float, int]]:
-        """Recent attempts of a target, newest first: (attempt s, delete s, items)."""
-        raw = self.redis.lrange(self.key("timings", target), 0, limit - 1)
-        rows = []
-        for line in raw:
-            service, delete, items = as_text(line).split()
-            rows.append((float(service), float(delete), int(items)))
-        return rows
 
     def count_delivery(self, run_id: str, claim: str) -> int:
         """Count one delivery of a batch attempt; more than one is a duplicate delivery."""
@@ -538,56 +303,10 @@ class RunStore:
             pipe.expire(self.run_key(run_id, suffix), RUN_TTL_SECONDS)
         pipe.execute()
 
-    def claim_slot(self, target: str, slot: str, holder: str, seconds: int) -> bool:
-        """Claim a target's scheduled slot for ``holder`` (a trigger's task id), once.
-
-        True for the first claim and for the same holder again (its redelivery must
-        still start the run); False when another holder has it.
-        """
-        claim = self._lock(self.key("slot", target, slot), holder, seconds)
-        return bool(claim.acquire(token=holder)) or claim.owned()
-
-    def release_slot(self, target: str, slot: str, holder: str) -> None:
-        """Free a slot claim, if ``holder`` still has it (its run could not start)."""
-        _release(self._lock(self.key("slot", target, slot), holder))
-
-    def mark_success(self, target: str) -> None:
-        """Record now as the target's last complete run."""
-        self.redis.set(self.key("target", target, "last_success"), now_iso())
-
-    def last_success(self, target: str) -> str | None:
-        raw = self.redis.get(self.key("target", target, "last_success"))
-        return None if raw is None else as_text(raw)
-
-    def latency(self, target: str) -> dict[str, str]:
-        """The target's enqueue-to-acknowledgement histogram (bucket -> count, sum, count)."""
-        raw = self.redis.hgetall(self.key("latency", target))
-        return {as_text(k): as_text(v) for k, v in raw.items()}
-
-    def save_verify(self, target: str, result: Mapping[str, Any]) -> None:
-        """Keep the target's latest ``verify`` result, which the metrics read."""
-        self.redis.hset(
-            self.key("target", target, "verify"), mapping={k: str(v) for k, v in result.items()}
-        )
-
-    def last_verify(self, target: str) -> dict[str, str]:
-        raw = self.redis.hgetall(self.key("target", target, "verify"))
-        return {as_text(k): as_text(v) for k, v in raw.items()}
-
-    def latest(self, target: str) -> str | None:
-        raw = self.redis.get(self.key("target", target, "latest"))
-        return None if raw is None else as_text(raw)
-
     def run_ids(self, limit: int = 50) -> Iterator[str]:
         """Most recent runs first."""
         for raw in self.redis.zrevrange(self.key("runs"), 0, limit - 1):
             yield as_text(raw)
-
-
-def _release(lock: Lock) -> None:
-    """Free ``lock`` if its token still holds it; one that expired or was taken over stays."""
-    with contextlib.suppress(LockNotOwnedError):
-        lock.release()
 
 
 def _field(value: Any) -> str | int | float:
@@ -596,8 +315,3 @@ def _field(value: Any) -> str | int | float:
     if isinstance(value, int | float | str):
         return value
     return json.dumps(value)
-
-
-def as_text(value: Any) -> str:
-    """A Redis reply as text (redis-py returns bytes unless told otherwise)."""
-    return value.decode() if isinstance(value, bytes) else str(value)

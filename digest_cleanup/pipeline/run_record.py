@@ -1,0 +1,105 @@
+"""The record of one run, a Redis hash: its fields, its statuses, and the rule that ends it.
+
+A run is ``running`` until the step that leaves the sweep done and nothing in
+flight settles its final status with :data:`FINISH_LUA`; :class:`RunView` is a
+read-only snapshot of the hash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+#: Counters every run carries, all starting at 0.
+COUNTERS = (
+    "listed",
+    "expired",
+    "batches",
+    "batches_done",
+    "deleted",
+    "dead_lettered",
+    "skipped",
+    "retries",
+    "redriven",
+    "duplicates",
+    "inflight",
+)
+#: Plain fields that hold a yes or no.
+BOOL_FIELDS = frozenset(
+    {"dry_run", "sweep_done", "forced", "conditional_deletes", "report_pending"}
+)
+#: Plain fields that hold whole numbers.
+INT_FIELDS = frozenset({"batch_size", "max_delete", "expired_seen", "sweep_errors"})
+#: Statuses a run can be in; the last three are final until a redrive reopens it.
+Status = Literal["running", "complete", "complete_with_failures", "failed"]
+FINAL_STATUSES = frozenset({"complete", "complete_with_failures", "failed"})
+
+#: Lua ``finish(run, now)``: end the run if the sweep is done and nothing is in flight,
+#: with its final status.  The scripts that record a batch and save a checkpoint start
+#: with it, since either can be the step that ends a run.
+FINISH_LUA = """
+local function finish(run, now)
+  local h = redis.call('HMGET', run, 'status', 'sweep_done', 'inflight', 'expired',
+                       'deleted', 'dead_lettered', 'skipped')
+  if h[2] ~= '1' or tonumber(h[3]) ~= 0 or h[1] ~= 'running' then return 0 end
+  local expired, deleted = tonumber(h[4]), tonumber(h[5])
+  local dead, skipped = tonumber(h[6]), tonumber(h[7])
+  local status = 'complete'
+  if expired ~= deleted + dead + skipped then
+    status = 'failed'
+    redis.call('HSET', run, 'reason', 'accounting_mismatch',
+      'message', 'expired (' .. expired .. ') != deleted + dead_lettered + skipped (' ..
+      (deleted + dead + skipped) .. ')')
+  elseif dead > 0 then
+    status = 'complete_with_failures'
+  end
+  redis.call('HSET', run, 'status', status, 'ended_at', now)
+  return 1
+end
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunView:
+    """A read-only snapshot of one run."""
+
+    run_id: str
+    fields: Mapping[str, str]
+
+    def __getitem__(self, name: str) -> str:
+        return self.fields[name]
+
+    @property
+    def status(self) -> str:
+        return self.fields.get("status", "unknown")
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    def count(self, name: str) -> int:
+        return int(self.fields.get(name, 0) or 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The run as JSON-able data: counters as ints, empty fields dropped."""
+        out: dict[str, Any] = {"run_id": self.run_id}
+        for key, value in sorted(self.fields.items()):
+            if key in COUNTERS or key in INT_FIELDS:
+                out[key] = int(value or 0)
+            elif key in (
+                "dry_run",
+                "sweep_done",
+                "forced",
+                "conditional_deletes",
+                "report_pending",
+            ):
+                out[key] = value == "1"
+            elif key == "sample":
+                out[key] = json.loads(value)
+            elif value != "":
+                out[key] = value
+        for key in COUNTERS:
+            out.setdefault(key, 0)
+        return out
