@@ -12,7 +12,7 @@ from botocore.exceptions import ClientError
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import s3_listing
-from digest_cleanup.kinds.s3 import _fast_timestamp, make_client
+from digest_cleanup.kinds.s3_client import fast_timestamp, make_client
 
 ENDPOINT = "http://127.0.0.1:9"  # never reached: every response is served by a hook
 
@@ -166,7 +166,7 @@ def test_an_object_without_a_timestamp_is_left_to_botocore():
     body = page(*OBJECTS[:2]).replace(b"<LastModified>2026-10-18T03:00:00.000Z</LastModified>", b"")
     response = {"status_code": 200, "body": body}
 
-    assert s3_listing.parse_contents(response, _fast_timestamp) is None
+    assert s3_listing.parse_contents(response, fast_timestamp) is None
     assert response["body"] == body
 
 
@@ -177,7 +177,7 @@ def test_interleaved_common_prefixes_are_left_to_botocore():
     )
     response = {"status_code": 200, "body": body}
 
-    assert s3_listing.parse_contents(response, _fast_timestamp) is None
+    assert s3_listing.parse_contents(response, fast_timestamp) is None
     assert response["body"] == body
 
 

@@ -23,7 +23,7 @@ from botocore.awsrequest import AWSResponse
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import s3_listing
-from digest_cleanup.kinds.s3 import _fast_timestamp, make_client
+from digest_cleanup.kinds.s3_client import fast_timestamp, make_client
 
 #: Keys per page: what S3 returns at most, and what the sweep asks for.
 PAGE_KEYS = 1000
@@ -65,7 +65,7 @@ def botocore_client() -> Any:
     """A client that parses listings with botocore's own parser, timestamps as ours do."""
     core = botocore.session.get_session()
     core.get_component("response_parser_factory").set_parser_defaults(
-        timestamp_parser=_fast_timestamp
+        timestamp_parser=fast_timestamp
     )
     return boto3.Session(botocore_session=core, region_name="us-east-1", **CREDENTIALS).client(
         "s3", endpoint_url=ENDPOINT
@@ -110,7 +110,7 @@ def botocore_parse(body: bytes) -> list[dict[str, Any]]:
 def lean_parse(body: bytes) -> list[dict[str, Any]]:
     """The lean parser's work on a page: the objects, then botocore on what is left."""
     response = {"status_code": 200, "headers": {}, "body": body}
-    contents = s3_listing.parse_contents(response, _fast_timestamp)
+    contents = s3_listing.parse_contents(response, fast_timestamp)
     _ERROR_CHECK(_OPERATION, response)
     _PARSER.parse(response, _OPERATION.output_shape)
     assert contents is not None
@@ -122,7 +122,7 @@ _ERROR_CHECK = getattr(botocore.handlers, "_handle_200_error", lambda *_: None)
 _SESSION = botocore.session.get_session()
 _OPERATION = _SESSION.get_service_model("s3").operation_model("ListObjectsV2")
 _FACTORY = _SESSION.get_component("response_parser_factory")
-_FACTORY.set_parser_defaults(timestamp_parser=_fast_timestamp)
+_FACTORY.set_parser_defaults(timestamp_parser=fast_timestamp)
 _PARSER = _FACTORY.create_parser("rest-xml")
 
 

@@ -1,0 +1,257 @@
+"""Deleting one batch from S3, every key accounted for: deleted, kept, or failed.
+
+Deletes are conditional, so S3 itself makes the final check (see
+:mod:`digest_cleanup.kinds.s3`).  Every key sent must come back as deleted or
+as an error; a key the answer does not account for is looked up again, never
+assumed gone.  A key that XML 1.0 cannot carry goes alone in a DeleteObject
+request, whose key travels in the URL.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import ClientError
+
+from digest_cleanup.errors import ItemError, PermanentError, TransientError
+from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, ItemResult, Outcome
+from digest_cleanup.kinds.s3_client import TRANSIENT_CODES, aware, mapped_errors
+
+if TYPE_CHECKING:
+    from digest_cleanup.kinds.s3 import S3Kind
+
+#: Separates key and version id in a ``versions = "all"`` item.  Version ids never
+#: contain it, so ``rpartition`` splits correctly even when a key does.
+VERSION_SEPARATOR = "?versionId="
+#: Characters XML 1.0 cannot carry in a DeleteObjects body, plus the carriage
+#: return, which the server's XML parser would read back as a line feed.
+_NOT_XML_SAFE = re.compile("[^\t\n\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+#: Error codes that mean the object or version is not there (any more).
+GONE_CODES = frozenset({"NoSuchKey", "NoSuchVersion", "404"})
+#: The per-key code of a failed ETag condition.
+PRECONDITION_FAILED = "PreconditionFailed"
+
+
+class Deletion:
+    """The delete path of one S3 target: a batch's requests and the lookups that settle it."""
+
+    def __init__(self, kind: S3Kind) -> None:
+        self.kind = kind
+        self.options = kind.options
+        self._all_versions = kind.all_versions
+
+    @property
+    def client(self) -> Any:
+        return self.kind.client
+
+    def delete(
+        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[ItemResult]:
+        """Delete ``items`` of the kind's target; one result per item, in order."""
+        batch = Batch(items, conditions if self.options.conditional_deletes else ())
+        self._resolve_missing_conditions(batch, cutoff)
+        self._refuse_null_versions(batch)
+        unsafe = [i for i in batch.open() if _NOT_XML_SAFE.search(self._key(batch.items[i]))]
+        in_body = [i for i in batch.open() if i not in unsafe]
+        if in_body:
+            self._delete_objects(batch, in_body)
+        for index in unsafe:
+            self._delete_one(batch, index)
+        return batch.results()
+
+    def _delete_objects(self, batch: Batch, indexes: list[int]) -> None:
+        """One DeleteObjects request; every key must come back deleted or as an error."""
+        objects = [self._identifier(batch.items[i], batch.condition(i)) for i in indexes]
+        sent = {(o["Key"], o.get("VersionId")): i for o, i in zip(objects, indexes, strict=True)}
+        try:
+            with mapped_errors():
+                response = self.client.delete_objects(
+                    Bucket=self.options.bucket, Delete={"Objects": objects, "Quiet": False}
+                )
+        except (TransientError, PermanentError) as exc:
+            for i in indexes:
+                batch.fail(i, exc)
+            return
+        for done in response.get("Deleted", []):
+            index = sent.get((done.get("Key", ""), done.get("VersionId")))
+            if index is not None and index not in batch.done:
+                batch.set(index, Outcome.DELETED)
+        for err in response.get("Errors", []):
+            index = sent.get((err.get("Key", ""), err.get("VersionId")))
+            if index is not None and index not in batch.done:
+                self._classify(batch, index, err.get("Code", "Unknown"), err.get("Message", ""))
+        for index in indexes:  # not accounted for as sent: ask the store, never assume
+            if index not in batch.done:
+                self._recheck(batch, index, "unconfirmed", "the answer did not name this key")
+
+    def _delete_one(self, batch: Batch, index: int) -> None:
+        """DeleteObject for a key an XML body cannot carry: the key travels in the URL."""
+        ident = self._identifier(batch.items[index], "")
+        condition = batch.condition(index)
+        if condition:
+            ident["IfMatch"] = condition
+        try:
+            with mapped_errors():
+                self.client.delete_object(Bucket=self.options.bucket, **ident)
+        except (TransientError, PermanentError) as exc:
+            self._classify(batch, index, exc.code, exc.message, exc)
+            return
+        except UnicodeError as exc:
+            batch.set(index, Outcome.PERMANENT, "unencodable_key", str(exc))
+            return
+        batch.set(index, Outcome.DELETED)
+
+    def _classify(
+        self,
+        batch: Batch,
+        index: int,
+        code: str,
+        message: str,
+        exc: ItemError | None = None,
+    ) -> None:
+        item = batch.items[index]
+        if code in GONE_CODES:
+            batch.set(index, Outcome.DELETED)
+        elif code == PRECONDITION_FAILED:
+            # Rewritten since the listing -- or already gone, which some servers
+            # answer the same way: only a look tells the two apart.
+            self._recheck(batch, index, PRECONDITION_FAILED, message)
+        elif code == "AccessDenied" and self._all_versions and self._is_locked(item):
+            batch.set(index, Outcome.PERMANENT, "locked", message or "object lock")
+        elif code in TRANSIENT_CODES or isinstance(exc, TransientError):
+            retry_after = exc.retry_after if exc is not None else None
+            batch.set(index, Outcome.TRANSIENT, code, message, retry_after)
+        else:
+            batch.set(index, Outcome.PERMANENT, code, message)
+
+    def _recheck(self, batch: Batch, index: int, code: str, message: str) -> None:
+        """Settle an unconfirmed delete by looking: gone, changed since listing, or retry."""
+        ident = self._identifier(batch.items[index], "")
+        try:
+            with mapped_errors():
+                head = self.client.head_object(Bucket=self.options.bucket, **ident)
+        except (TransientError, PermanentError) as exc:
+            if exc.code in GONE_CODES:
+                batch.set(index, Outcome.DELETED)
+            else:
+                batch.set(index, Outcome.TRANSIENT, code, f"{message}; lookup: {exc}")
+            return
+        condition = batch.condition(index)
+        if code == PRECONDITION_FAILED or (condition and head.get("ETag") != condition):
+            batch.set(
+                index,
+                Outcome.SKIPPED,
+                CHANGED_SINCE_LISTING,
+                f"rewritten since it was listed (ETag now {head.get('ETag', '?')}); kept",
+            )
+        else:
+            batch.set(index, Outcome.TRANSIENT, code, f"{message}; still present, retried")
+
+    def _resolve_missing_conditions(self, batch: Batch, cutoff: datetime) -> None:
+        """Look up the ETag of a current-version item that came without one.
+
+        Only a batch from before conditions existed, or a dead letter made then,
+        lacks them.  The item is deleted on the ETag found, and only when the
+        object found is older than the cutoff.
+        """
+        if self._all_versions or not self.options.conditional_deletes:
+            return
+        for index in batch.open():
+            if batch.condition(index):
+                continue
+            try:
+                with mapped_errors():
+                    head = self.client.head_object(
+                        Bucket=self.options.bucket, Key=batch.items[index]
+                    )
+            except (TransientError, PermanentError) as exc:
+                if exc.code in GONE_CODES:
+                    batch.set(index, Outcome.DELETED)
+                else:
+                    self._classify(batch, index, exc.code, exc.message, exc)
+                continue
+            if aware(head["LastModified"]) >= cutoff:
+                batch.set(
+                    index,
+                    Outcome.SKIPPED,
+                    CHANGED_SINCE_LISTING,
+                    f"last modified {head['LastModified']}, after the cutoff; kept",
+                )
+            else:
+                batch.conditions[index] = str(head.get("ETag", ""))
+
+    def _refuse_null_versions(self, batch: Batch) -> None:
+        """Refuse ``null`` versions unless versioning is enabled (there they never change)."""
+        if not self._all_versions:
+            return
+        null = [i for i in batch.open() if batch.items[i].endswith(f"{VERSION_SEPARATOR}null")]
+        if not null:
+            return
+        try:
+            self.kind.require_versioning()
+        except (TransientError, PermanentError) as exc:
+            outcome = Outcome.TRANSIENT if isinstance(exc, TransientError) else Outcome.PERMANENT
+            for index in null:
+                batch.set(index, outcome, exc.code, exc.message)
+
+    def _identifier(self, item: str, condition: str = "") -> dict[str, str]:
+        if self._all_versions:
+            key, _, version = item.rpartition(VERSION_SEPARATOR)
+            return {"Key": key, "VersionId": version}
+        return {"Key": item, "ETag": condition} if condition else {"Key": item}
+
+    def _key(self, item: str) -> str:
+        return item.rpartition(VERSION_SEPARATOR)[0] if self._all_versions else item
+
+    def _is_locked(self, item: str) -> bool:
+        """Tell an Object Lock or legal hold apart from a plain AccessDenied."""
+        ident = self._identifier(item)
+        try:
+            hold = self.client.get_object_legal_hold(Bucket=self.options.bucket, **ident)
+            if hold.get("LegalHold", {}).get("Status") == "ON":
+                return True
+        except ClientError:
+            pass
+        try:
+            retention = self.client.get_object_retention(Bucket=self.options.bucket, **ident)
+            until = retention.get("Retention", {}).get("RetainUntilDate")
+            return until is not None and aware(until) > datetime.now(UTC)
+        except ClientError:
+            return False
+
+
+class Batch:
+    """One delete call's items, their conditions, and what became of each so far."""
+
+    def __init__(self, items: Sequence[str], conditions: Sequence[str]) -> None:
+        self.items = list(items)
+        self.conditions = list(conditions) or [""] * len(self.items)
+        if len(self.conditions) != len(self.items):
+            raise ValueError(f"{len(self.conditions)} conditions for {len(self.items)} items")
+        self.done: dict[int, ItemResult] = {}
+
+    def condition(self, index: int) -> str:
+        return self.conditions[index]
+
+    def open(self) -> list[int]:
+        return [i for i in range(len(self.items)) if i not in self.done]
+
+    def set(
+        self,
+        index: int,
+        outcome: Outcome,
+        code: str = "",
+        message: str = "",
+        retry_after: float | None = None,
+    ) -> None:
+        self.done[index] = ItemResult(self.items[index], outcome, code, message, retry_after)
+
+    def fail(self, index: int, exc: ItemError) -> None:
+        outcome = Outcome.TRANSIENT if isinstance(exc, TransientError) else Outcome.PERMANENT
+        self.set(index, outcome, exc.code, exc.message, exc.retry_after)
+
+    def results(self) -> list[ItemResult]:
+        return [self.done[i] for i in range(len(self.items))]
