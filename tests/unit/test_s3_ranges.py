@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.kinds import s3_shards
+from digest_cleanup.kinds import s3_ranges, s3_shards
 
 MODIFIED = datetime(2026, 10, 18, tzinfo=UTC)
 
@@ -87,9 +87,9 @@ def test_one_weekly_folder_is_cut_into_ranges_that_share_the_work():
     keys = weekly(120_000)
     client = FakeS3(keys)
 
-    bounds = s3_shards.split(client, "bucket", "statements/", keys[999], s3_shards.LIST_SHARDS)
+    bounds = s3_ranges.split(client, "bucket", "statements/", keys[999], s3_shards.LIST_SHARDS)
 
-    assert len(client.requests) <= s3_shards.SPLIT_PROBES
+    assert len(client.requests) <= s3_ranges.SPLIT_PROBES
     assert len(bounds) == s3_shards.LIST_SHARDS - 1
     sizes = range_sizes(keys[1000:], bounds)
     assert sum(sizes) == len(keys) - 1000
@@ -102,7 +102,7 @@ def test_hashed_keys_are_cut_evenly():
     keys = sorted(f"receipts/{rng.getrandbits(64):016x}.json" for _ in range(20_000))
     client = FakeS3(keys)
 
-    bounds = s3_shards.split(client, "bucket", "receipts/", keys[999], s3_shards.LIST_SHARDS)
+    bounds = s3_ranges.split(client, "bucket", "receipts/", keys[999], s3_shards.LIST_SHARDS)
 
     sizes = range_sizes(keys[1000:], bounds)
     assert len(sizes) == s3_shards.LIST_SHARDS
@@ -132,7 +132,7 @@ def test_a_prefix_of_one_page_is_listed_plainly():
 
 def _random_keys(rng: random.Random) -> list[str]:
     # ASCII, 2-, 3- and 4-byte UTF-8, and the code point the range bounds end with
-    alphabet = "09az-_./é€𝄞" + s3_shards.TOP
+    alphabet = "09az-_./é€𝄞" + s3_ranges.TOP
     stems = ["p/", "p/a", "p/a/b", "p/zz", "p/é", "p/0-"]
     count = rng.randint(0, 600)
     return [
@@ -162,9 +162,9 @@ def test_finding_the_ranges_stops_at_its_request_budget():
     keys = [f"p/{a}{b}{c}" for a in "abcdefghij" for b in "abcdefghij" for c in "abcdefghij"]
     client = FakeS3(keys)
 
-    bounds = s3_shards.split(client, "bucket", "p/", keys[0], 4)
+    bounds = s3_ranges.split(client, "bucket", "p/", keys[0], 4)
 
-    assert len(client.requests) <= s3_shards.SPLIT_PROBES
+    assert len(client.requests) <= s3_ranges.SPLIT_PROBES
     assert bounds == sorted(bounds)
     assert all(b > keys[0] for b in bounds)
     assert sum(range_sizes(keys[1:], bounds)) == len(keys) - 1
@@ -181,3 +181,7 @@ def test_a_range_ends_at_its_bound_inclusive_when_a_key_equals_it():
     pages = scan(client, "p/", start_after=cursor, page_size=64)
 
     assert Counter(keys_of(pages)) == Counter(keys[10:])
+
+
+def test_split_aims_for_four_character_groups_per_listing_stream():
+    assert s3_ranges.SPLIT_GROUPS == 4 * s3_shards.LIST_SHARDS
