@@ -21,13 +21,11 @@ How it uses the database:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -35,17 +33,19 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.errors import (
-    ItemError,
-    PermanentError,
-    SettingsError,
-    TargetsFileError,
-    TransientError,
-)
+from digest_cleanup.errors import ItemError, SettingsError, TransientError
+from digest_cleanup.kinds import postgres_catalog
 from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, ItemResult, Outcome, Page, TargetKind
+from digest_cleanup.kinds.postgres_catalog import KeyType
 
-#: The environment variable holding the DSN when a target names none.
-DEFAULT_DSN_ENV = "CLEANUP_POSTGRES_DSN"
+# The "X as X" imports re-export names callers import from here.
+from digest_cleanup.kinds.postgres_errors import PERMANENT_SQLSTATES as PERMANENT_SQLSTATES
+from digest_cleanup.kinds.postgres_errors import TRANSIENT_SQLSTATES as TRANSIENT_SQLSTATES
+from digest_cleanup.kinds.postgres_errors import classify as classify
+from digest_cleanup.kinds.postgres_options import DEFAULT_DSN_ENV as DEFAULT_DSN_ENV
+from digest_cleanup.kinds.postgres_options import PostgresOptions as PostgresOptions
+from digest_cleanup.kinds.postgres_options import validate
+
 #: Rows one scan query reads.  Each page is one bounded range scan of the
 #: primary-key index, so its cost stays the same however few rows have expired.
 SCAN_PAGE_SIZE = 1000
@@ -75,77 +75,6 @@ MAX_KEY_BYTES = 2704
 #: next to the row work.  PostgreSQL itself would accept much larger arrays.
 MAX_BATCH_SIZE = 1000
 
-#: SQLSTATEs (or two-character SQLSTATE classes) worth retrying, with their short codes.
-TRANSIENT_SQLSTATES: Mapping[str, str] = {
-    "55P03": "lock_timeout",  # lock_not_available: lock_timeout fired
-    "40001": "serialization_failure",
-    "40P01": "deadlock",
-    "57014": "statement_timeout",  # query_canceled: statement_timeout or a cancel request
-    "57P01": "connection_error",  # admin_shutdown: the server ended our session
-    "57P02": "connection_error",  # crash_shutdown
-    "57P03": "connection_error",  # cannot_connect_now: the server is starting or stopping
-    "25P03": "connection_error",  # idle_in_transaction_session_timeout ended the session
-    "08": "connection_error",  # connection_exception and its subclasses
-    "53": "server_busy",  # insufficient_resources: too many connections, disk full, memory
-}
-#: SQLSTATEs (or classes) that retrying cannot fix, with their short codes.
-PERMANENT_SQLSTATES: Mapping[str, str] = {
-    "42501": "permission_denied",  # insufficient_privilege
-    "42P01": "undefined_table",
-    "42703": "undefined_table",  # undefined_column: the options name a missing column
-    "3F000": "undefined_table",  # invalid_schema_name
-    "22P02": "invalid_key",  # invalid_text_representation: an item is not of the key type
-    "22003": "invalid_key",  # numeric_value_out_of_range
-    "23503": "still_referenced",  # foreign_key_violation: another table's rows point here
-    "28": "authentication_failed",  # invalid_authorization_specification
-}
-
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_CANONICAL_INTEGER = re.compile(r"^-?(0|[1-9][0-9]*)$")
-_CANONICAL_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_INTEGER_BITS = {"int2": 16, "int4": 32, "int8": 64}
-_TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "citext", "name"})
-_TIMESTAMP_TYPES = frozenset({"timestamptz", "timestamp", "date"})
-
-
-@dataclasses.dataclass(frozen=True)
-class PostgresOptions:
-    """The ``kind = "postgres"`` fields of a target."""
-
-    #: ``table`` or ``schema.table``; names are quoted, so they match exactly as written.
-    table: str
-    #: A column with a single-column unique index, normally the primary key.
-    primary_key: str
-    #: Rows whose value here is older than the cutoff have expired; NULL never expires.
-    timestamp_column: str
-    #: The NAME of the environment variable that holds the DSN (never the DSN itself).
-    dsn_env: str = DEFAULT_DSN_ENV
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _KeyType:
-    """The primary key column's type, looked up once per instance."""
-
-    schema: str
-    name: str  # pg_type.typname: int8, uuid, varchar, ...
-    display: str  # format_type(): bigint, uuid, character varying(64), ...
-    max_chars: int | None  # the n of varchar(n) or char(n)
-
-    @property
-    def array(self) -> sql.Composable:
-        return sql.SQL("{}[]").format(sql.Identifier(self.schema, self.name))
-
-
-class _Column(NamedTuple):
-    """One row of ``_COLUMNS_SQL`` after the column name."""
-
-    attnum: int
-    typname: str
-    schema: str
-    typmod: int
-    display: str
-
 
 class PostgresKind(TargetKind):
     """Rows of one table, keyed by a unique column and expired by a timestamp column."""
@@ -157,7 +86,7 @@ class PostgresKind(TargetKind):
 
     def __init__(self, target: str, options: PostgresOptions, settings: Settings) -> None:
         super().__init__(target, options, settings)
-        _validate(target, options)
+        validate(target, options)
         dsn = settings.env.get(options.dsn_env)
         if not dsn:
             raise SettingsError(
@@ -186,7 +115,7 @@ class PostgresKind(TargetKind):
         self._ts = sql.Identifier(options.timestamp_column)
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._conn_pid = 0
-        self._key: _KeyType | None = None
+        self._key: KeyType | None = None
         # Calls are serialized, so a thread pool sharing one instance stays correct.
         self._lock = threading.RLock()
         #: Session timeouts (applied when a connection opens) and the scan page size.
@@ -198,7 +127,7 @@ class PostgresKind(TargetKind):
     def parse_options(cls, target: str, raw: Mapping[str, Any]) -> PostgresOptions:
         """Build and validate the options, so a bad identifier fails when the file loads."""
         options: PostgresOptions = super().parse_options(target, raw)
-        _validate(target, options)
+        validate(target, options)
         return options
 
     def describe(self) -> str:
@@ -278,20 +207,7 @@ class PostgresKind(TargetKind):
             return f"longer than {MAX_KEY_BYTES} bytes, more than an index entry holds"
         with self._mapped_errors():
             key = self._key_type()
-        if not item and key.name not in _TEXT_TYPES:
-            # '' is a legal text key, and refusing it would poison every batch it lands in.
-            return "empty"
-        bits = _INTEGER_BITS.get(key.name)
-        if bits is not None:
-            if not _CANONICAL_INTEGER.match(item):
-                return f"not a {key.display} in canonical form"
-            if not -(2 ** (bits - 1)) <= int(item) < 2 ** (bits - 1):
-                return f"out of range for {key.display}"
-        elif key.name == "uuid" and not _CANONICAL_UUID.match(item):
-            return "not a uuid in canonical lowercase form"
-        elif key.max_chars is not None and len(item) > key.max_chars:
-            return f"longer than {key.display} allows"
-        return None
+        return key.refuses(item)
 
     def remaining(self, cutoff: datetime) -> int:
         """``count(*)`` of the rows still older than ``cutoff``."""
@@ -312,7 +228,7 @@ class PostgresKind(TargetKind):
         with self._lock:
             self._drop_connection()
 
-    def _scan_sql(self, key: _KeyType, *, first: bool) -> sql.Composed:
+    def _scan_sql(self, key: KeyType, *, first: bool) -> sql.Composed:
         where = (
             sql.SQL("")
             if first
@@ -327,13 +243,13 @@ class PostgresKind(TargetKind):
             " ORDER BY src.{pk} LIMIT %(limit)s"
         ).format(pk=self._pk, ts=self._ts, t=self._table, where=where)
 
-    def _delete_sql(self, key: _KeyType) -> sql.Composed:
+    def _delete_sql(self, key: KeyType) -> sql.Composed:
         return sql.SQL(
             "DELETE FROM {t} WHERE {pk} = ANY(%(items)s::{array}) AND {ts} < %(cutoff)s"
             " RETURNING {pk}::text"
         ).format(t=self._table, pk=self._pk, ts=self._ts, array=key.array)
 
-    def _exists_sql(self, key: _KeyType) -> sql.Composed:
+    def _exists_sql(self, key: KeyType) -> sql.Composed:
         # It answers with the items as sent, so an item that is not in canonical
         # text form still maps back to itself.
         return sql.SQL(
@@ -341,49 +257,10 @@ class PostgresKind(TargetKind):
             " WHERE EXISTS (SELECT 1 FROM {t} WHERE {pk} = req.item::{type})"
         ).format(t=self._table, pk=self._pk, type=sql.Identifier(key.schema, key.name))
 
-    def _key_type(self) -> _KeyType:
+    def _key_type(self) -> KeyType:
         """Look up (once) the key's type, and check the table and both columns."""
-        if self._key is not None:
-            return self._key
-        o = self.options
-        conn = self._connection()
-        with conn.transaction(), conn.cursor() as cur:
-            cur.execute("SELECT to_regclass(%s)::oid", [self._table.as_string(conn)])
-            row = cur.fetchone()
-            oid = row[0] if row else None
-            if oid is None:
-                raise PermanentError("undefined_table", f"table {o.table} does not exist")
-            cur.execute(_COLUMNS_SQL, [oid, [o.primary_key, o.timestamp_column]])
-            columns = {r[0]: _Column(*r[1:]) for r in cur.fetchall()}
-            for name in (o.primary_key, o.timestamp_column):
-                if name not in columns:
-                    raise PermanentError("undefined_table", f"{o.table} has no column {name}")
-            pk, ts = columns[o.primary_key], columns[o.timestamp_column]
-            cur.execute(_UNIQUE_SQL, [oid, pk.attnum])
-            unique = cur.fetchone()
-        if ts.typname not in _TIMESTAMP_TYPES:
-            raise PermanentError(
-                "unsupported_column_type",
-                f"{o.table}.{o.timestamp_column} is {ts.display}; "
-                "use a timestamptz, timestamp or date column",
-            )
-        if not (unique and unique[0]):
-            # Keyset pagination would skip rows sharing a key across a page boundary.
-            raise PermanentError(
-                "not_unique",
-                f"{o.table}.{o.primary_key} has no single-column unique index; "
-                "name the primary key",
-            )
-        if not (_IDENTIFIER.match(pk.typname) and _IDENTIFIER.match(pk.schema)):
-            raise PermanentError("unsupported_column_type", f"key type {pk.display} is unsupported")
-        # varchar(n) and char(n) store n + 4 in atttypmod; -1 means no limit.
-        limited = pk.typname in ("varchar", "bpchar") and pk.typmod >= 4
-        self._key = _KeyType(
-            schema=pk.schema,
-            name=pk.typname,
-            display=pk.display,
-            max_chars=pk.typmod - 4 if limited else None,
-        )
+        if self._key is None:
+            self._key = postgres_catalog.look_up(self._connection(), self._table, self.options)
         return self._key
 
     def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
@@ -433,65 +310,3 @@ class PostgresKind(TargetKind):
             conn.broken or conn.info.transaction_status != TransactionStatus.IDLE
         ):
             self._drop_connection()
-
-
-def classify(exc: psycopg.Error) -> ItemError:
-    """Map one psycopg error to a :class:`TransientError` or :class:`PermanentError`."""
-    state = exc.sqlstate or ""
-    message = _short_message(exc)
-    for table, error in (
-        (TRANSIENT_SQLSTATES, TransientError),
-        (PERMANENT_SQLSTATES, PermanentError),
-    ):
-        code = table.get(state) or table.get(state[:2])
-        if code:
-            return error(code, message)
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        # Without a SQLSTATE, libpq lost the connection or never made it.
-        return TransientError("database_error" if state else "connection_error", message)
-    return PermanentError("database_error", message)
-
-
-def _short_message(exc: psycopg.Error) -> str:
-    text = (exc.diag.message_primary if exc.sqlstate else None) or str(exc)
-    return text.splitlines()[0][:200] if text else type(exc).__name__
-
-
-def _validate(target: str, options: PostgresOptions) -> None:
-    parts = options.table.split(".")
-    if len(parts) > 2 or not all(_IDENTIFIER.match(p) for p in parts):
-        raise TargetsFileError(
-            f"targets.{target}.table: {options.table!r} is not 'table' or 'schema.table' made of "
-            "SQL identifiers (1-63 letters, digits or '_', not starting with a digit)"
-        )
-    for field in ("primary_key", "timestamp_column"):
-        value = getattr(options, field)
-        if not _IDENTIFIER.match(value):
-            raise TargetsFileError(
-                f"targets.{target}.{field}: {value!r} is not a column name "
-                "(1-63 letters, digits or '_', not starting with a digit)"
-            )
-    if options.primary_key == options.timestamp_column:
-        raise TargetsFileError(f"targets.{target}.timestamp_column: must differ from primary_key")
-    if not _ENV_NAME.match(options.dsn_env):
-        # The value is not echoed: someone may have pasted a DSN with its password here.
-        raise TargetsFileError(
-            f"targets.{target}.dsn_env: must be the NAME of an environment variable "
-            "(letters, digits, '_') that holds the DSN, never the DSN itself"
-        )
-
-
-_COLUMNS_SQL = """
-SELECT a.attname, a.attnum, t.typname, n.nspname, a.atttypmod, format_type(a.atttypid, a.atttypmod)
-FROM pg_catalog.pg_attribute a
-JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
-JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
-WHERE a.attrelid = %s AND a.attname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped
-"""
-
-_UNIQUE_SQL = """
-SELECT EXISTS (
-    SELECT 1 FROM pg_catalog.pg_index
-    WHERE indrelid = %s AND indisunique AND indpred IS NULL AND indnkeyatts = 1 AND indkey[0] = %s
-)
-"""

@@ -47,7 +47,7 @@ PIPELINE_MODULES = (
 STORE_LIBRARIES = {
     "boto3": {"kinds/s3_client.py"},
     "botocore": {"kinds/s3_client.py", "kinds/s3_delete.py"},
-    "psycopg": {"kinds/postgres.py"},
+    "psycopg": {"kinds/postgres.py", "kinds/postgres_catalog.py", "kinds/postgres_errors.py"},
 }
 #: Kind modules by the name a targets file uses, from the registry itself.
 KIND_MODULES = {name: spec.partition(":")[0] for name, spec in BUILTIN_KINDS.items()}
