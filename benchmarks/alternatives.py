@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.kinds.s3 import make_client
+from digest_cleanup.kinds.s3_client import make_client
 from digest_cleanup.testing.servers import s3_client
 
 #: Keys per DeleteObjects request in the probe: the most S3 takes.
@@ -64,7 +64,7 @@ class Measured:
 def raw_probe(endpoint: str, bucket: str, prefix: str, threads: int) -> Measured:
     """List everything, then DeleteObjects in 1000-key batches over ``threads`` threads.
 
-    It uses the pipeline's own client (:func:`~digest_cleanup.kinds.s3.make_client`,
+    It uses the pipeline's own client (:func:`~digest_cleanup.kinds.s3_client.make_client`,
     with its lean listing parser), so it isolates what orchestration costs.  The
     clock includes making the client (about 0.1 s), as a script run for the job
     pays it; the pipeline's workers are long-running and made theirs when they

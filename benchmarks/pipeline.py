@@ -31,10 +31,12 @@ from urllib.parse import urlsplit
 import redis
 
 from benchmarks.environment import children, client_ports, cpu_seconds, memory_kib
+from digest_cleanup.clock import epoch_of
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
-from digest_cleanup.pipeline.runs import FINAL_STATUSES, RunStore, epoch_of
+from digest_cleanup.pipeline.run_record import FINAL_STATUSES
+from digest_cleanup.pipeline.runs import RunStore
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.stack import Process, Stack
 from digest_cleanup.worker.app import create_app

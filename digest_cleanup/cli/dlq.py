@@ -9,11 +9,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from digest_cleanup.cli.context import Command, print_json
+from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import UsageError
 from digest_cleanup.pipeline import audit
 from digest_cleanup.pipeline.dead_letter import Entry
 from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
-from digest_cleanup.pipeline.runs import now_iso
 
 if TYPE_CHECKING:
     from digest_cleanup.cli.context import Context

@@ -138,10 +138,10 @@ def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_abort(args: argparse.Namespace, ctx: Context) -> int:
     """Fail a running run on purpose; its next trigger lists the target afresh."""
+    from digest_cleanup.clock import now_iso
     from digest_cleanup.pipeline import audit
     from digest_cleanup.pipeline.dead_letter import who
     from digest_cleanup.pipeline.lifecycle import finish_run
-    from digest_cleanup.pipeline.runs import now_iso
 
     if not args.yes:
         raise UsageError("abort ends the run as failed; look at 'status RUN' first, then add --yes")

@@ -20,8 +20,7 @@ from typing import Any
 from celery.schedules import crontab
 from croniter import CroniterBadDateError, croniter
 
-# utcnow is also imported from here by callers that predate the clock module.
-from digest_cleanup.clock import utcnow as utcnow
+from digest_cleanup.clock import utcnow
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import CutoffError, TargetsFileError
 from digest_cleanup.kinds import TargetKind, load_kind

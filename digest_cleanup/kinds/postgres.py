@@ -37,14 +37,8 @@ from digest_cleanup.errors import ItemError, SettingsError, TransientError
 from digest_cleanup.kinds import postgres_catalog
 from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, ItemResult, Outcome, Page, TargetKind
 from digest_cleanup.kinds.postgres_catalog import KeyType
-
-# The "X as X" imports re-export names callers import from here.
-from digest_cleanup.kinds.postgres_errors import PERMANENT_SQLSTATES as PERMANENT_SQLSTATES
-from digest_cleanup.kinds.postgres_errors import TRANSIENT_SQLSTATES as TRANSIENT_SQLSTATES
-from digest_cleanup.kinds.postgres_errors import classify as classify
-from digest_cleanup.kinds.postgres_options import DEFAULT_DSN_ENV as DEFAULT_DSN_ENV
-from digest_cleanup.kinds.postgres_options import PostgresOptions as PostgresOptions
-from digest_cleanup.kinds.postgres_options import validate
+from digest_cleanup.kinds.postgres_errors import classify
+from digest_cleanup.kinds.postgres_options import PostgresOptions, validate
 
 #: Rows one scan query reads.  Each page is one bounded range scan of the
 #: primary-key index, so its cost stays the same however few rows have expired.

@@ -34,12 +34,8 @@ from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PermanentError, TargetsFileError
 from digest_cleanup.kinds import s3_shards
 from digest_cleanup.kinds.base import Finding, ItemResult, Page, TargetKind, parse_dataclass
-
-# make_client and VERSION_SEPARATOR are re-exported: callers import them from here.
-from digest_cleanup.kinds.s3_client import aware, mapped_errors
-from digest_cleanup.kinds.s3_client import make_client as make_client
-from digest_cleanup.kinds.s3_delete import VERSION_SEPARATOR as VERSION_SEPARATOR
-from digest_cleanup.kinds.s3_delete import Deletion
+from digest_cleanup.kinds.s3_client import aware, make_client, mapped_errors
+from digest_cleanup.kinds.s3_delete import VERSION_SEPARATOR, Deletion
 
 #: DeleteObjects takes at most this many keys per request.
 DELETE_OBJECTS_LIMIT = 1000

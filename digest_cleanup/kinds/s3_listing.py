@@ -15,8 +15,8 @@ Both parse timestamps with ``datetime.fromisoformat`` (see ``make_client``).
 botocore's parsing would add 21-39 ms of client CPU a page: 2.5-5 s on a run's
 120,000 keys, 25-47 s on 1.2 million, and the guard pass, which must finish
 before the first delete, is CPU-bound in the client.  Re-measure with
-``python -m tests.unit.test_s3_listing_speed``; a unit test there fails once
-botocore is less than twice as slow, the time to let the client parse.
+``python -m benchmarks.listing_parser``; once botocore is less than about twice
+as slow, let the client parse.
 
 :func:`install` hooks one client's ``before-parse`` event for ListObjectsV2:
 the ``<Contents>`` elements are read with one regular expression, handed to

@@ -88,6 +88,6 @@ def _location(settings: Settings) -> tuple[str, str] | None:
 
 def _client(settings: Settings) -> Any:
     # Imported here: a deployment without an audit location never loads boto3.
-    from digest_cleanup.kinds.s3 import make_client
+    from digest_cleanup.kinds.s3_client import make_client
 
     return make_client(settings, max_attempts=WRITE_ATTEMPTS)

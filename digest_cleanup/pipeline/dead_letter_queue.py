@@ -45,7 +45,8 @@ from digest_cleanup.pipeline.dead_letter_scripts import (
     PURGE_LUA,
     REDRIVE_LUA,
 )
-from digest_cleanup.pipeline.runs import RunStore, as_text
+from digest_cleanup.pipeline.keyspace import as_text
+from digest_cleanup.pipeline.runs import RunStore
 
 #: What a failed run's message gains when its dead letters are redriven.
 FAILED_RUN_NOTE = (

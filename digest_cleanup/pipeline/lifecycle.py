@@ -22,7 +22,7 @@ from digest_cleanup.config.targets import Target
 from digest_cleanup.kinds import TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.pipeline import audit
-from digest_cleanup.pipeline.runs import FINAL_STATUSES
+from digest_cleanup.pipeline.run_record import FINAL_STATUSES
 from digest_cleanup.pipeline.runtime import Runtime
 
 logger = logging.getLogger("digest_cleanup.run")

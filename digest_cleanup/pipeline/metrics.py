@@ -24,8 +24,10 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from digest_cleanup.pipeline.runs import LATENCY_BUCKETS, RunView, epoch_of
+from digest_cleanup.clock import epoch_of
+from digest_cleanup.pipeline.run_record import RunView
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.pipeline.target_state import LATENCY_BUCKETS
 
 logger = logging.getLogger("digest_cleanup.metrics")
 

@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from digest_cleanup.pipeline.runs import RunStore, RunView, epoch_of
+from digest_cleanup.clock import epoch_of
+from digest_cleanup.pipeline.run_record import RunView
+from digest_cleanup.pipeline.runs import RunStore
 
 #: Seconds between polls of the run store.
 POLL_SECONDS = 0.5

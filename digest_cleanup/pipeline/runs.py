@@ -25,24 +25,16 @@ from typing import Any
 
 import redis
 
-# The "X as X" imports re-export names other modules import from here; each now lives
-# with its concept (epoch_of and now_iso in the clock).
-from digest_cleanup.clock import epoch_of as epoch_of
-from digest_cleanup.clock import now_iso as now_iso
+from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import RunStateError
-from digest_cleanup.pipeline.keyspace import RUN_KEY_SUFFIXES as RUN_KEY_SUFFIXES
-from digest_cleanup.pipeline.keyspace import RUN_TTL_SECONDS as RUN_TTL_SECONDS
-from digest_cleanup.pipeline.keyspace import as_text as as_text
-from digest_cleanup.pipeline.run_record import BOOL_FIELDS as BOOL_FIELDS
-from digest_cleanup.pipeline.run_record import COUNTERS as COUNTERS
-from digest_cleanup.pipeline.run_record import FINAL_STATUSES as FINAL_STATUSES
-from digest_cleanup.pipeline.run_record import FINISH_LUA
-from digest_cleanup.pipeline.run_record import INT_FIELDS as INT_FIELDS
-from digest_cleanup.pipeline.run_record import RunView as RunView
-from digest_cleanup.pipeline.run_record import Status as Status
+from digest_cleanup.pipeline.keyspace import RUN_KEY_SUFFIXES, RUN_TTL_SECONDS, as_text
+from digest_cleanup.pipeline.run_record import (
+    COUNTERS,
+    FINISH_LUA,
+    RunView,
+)
 from digest_cleanup.pipeline.sweep_state import SweepState
-from digest_cleanup.pipeline.target_state import LATENCY_BUCKETS as LATENCY_BUCKETS
-from digest_cleanup.pipeline.target_state import TargetState
+from digest_cleanup.pipeline.target_state import LATENCY_BUCKETS, TargetState
 
 _OPEN_LUA = """
 local run = KEYS[1]

@@ -32,8 +32,9 @@ import celery
 from celery.contrib.testing.worker import TestWorkController, test_worker_started
 from kombu.asynchronous import get_event_loop, set_event_loop
 
+from digest_cleanup.clock import utcnow
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import parse_targets, utcnow
+from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
 from digest_cleanup.pipeline.progress import wait

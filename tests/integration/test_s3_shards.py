@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from botocore.awsrequest import AWSResponse
 
+from digest_cleanup.clock import utcnow
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import parse_targets, utcnow
+from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import TransientError
 from digest_cleanup.kinds import s3_shards
 from digest_cleanup.kinds.s3 import S3Kind, S3Options

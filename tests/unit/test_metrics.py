@@ -11,12 +11,14 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from digest_cleanup.clock import now_iso
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import ItemResult, Outcome
 from digest_cleanup.pipeline.batches import BatchPayload
 from digest_cleanup.pipeline.dead_letter import make_entry
 from digest_cleanup.pipeline.metrics import RunStateCollector, oldest_pending_age, progress_ratio
-from digest_cleanup.pipeline.runs import BatchRecord, RunView, now_iso
+from digest_cleanup.pipeline.run_record import RunView
+from digest_cleanup.pipeline.runs import BatchRecord
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.servers import free_port
 from digest_cleanup.worker.app import create_app

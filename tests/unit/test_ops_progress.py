@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from digest_cleanup.pipeline.progress import Rate, numbers, plain_view
-from digest_cleanup.pipeline.runs import RunView
+from digest_cleanup.pipeline.run_record import RunView
 
 
 def iso(seconds_ago: float) -> str:

@@ -1,18 +1,11 @@
-"""The lean ListObjectsV2 parser is kept because it is several times faster than botocore's.
+"""On a realistic 1000-key page, the lean ListObjectsV2 parser reads what botocore's does.
 
-``python -m tests.unit.test_s3_listing_speed`` prints the figures that
-:mod:`digest_cleanup.kinds.s3_listing` quotes: client CPU per 1000-key page,
-the median of several repetitions, for botocore's own parsing and for the lean
-parser, both parsing timestamps the same way.  The test below fails once
-botocore catches up, which is the time to drop the lean parser.
+The page and both parsers are also what ``python -m benchmarks.listing_parser``
+times, for the figures :mod:`digest_cleanup.kinds.s3_listing` quotes.
 """
 
 from __future__ import annotations
 
-import statistics
-import sys
-import time
-import timeit
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +22,6 @@ from digest_cleanup.kinds.s3_client import fast_timestamp, make_client
 PAGE_KEYS = 1000
 ENDPOINT = "http://127.0.0.1:9"  # never reached: every response is served by a hook
 CREDENTIALS = {"aws_access_key_id": "k", "aws_secret_access_key": "s"}
-#: The lean parser must stay at least this many times faster to be worth keeping.
-WORTH_KEEPING = 2.0
 
 Parse = Callable[[bytes], list[dict[str, Any]]]
 
@@ -126,25 +117,6 @@ _FACTORY.set_parser_defaults(timestamp_parser=fast_timestamp)
 _PARSER = _FACTORY.create_parser("rest-xml")
 
 
-def cpu_ms(
-    lean: Parse, stock: Parse, body: bytes, *, repeat: int, number: int
-) -> tuple[float, float]:
-    """Median CPU milliseconds per page of each, over ``repeat`` runs of ``number`` pages.
-
-    The runs alternate, so a change in the machine's load falls on both alike.
-    """
-    runs: tuple[list[float], list[float]] = ([], [])
-    for parse in (lean, stock):
-        parse(body)  # warm: the first call builds botocore's caches
-    for _ in range(repeat):
-        for parse, times in zip((lean, stock), runs, strict=True):
-            times.append(
-                timeit.timeit(lambda p=parse: p(body), timer=time.process_time, number=number)
-            )
-    fast, slow = (statistics.median(times) / number * 1000 for times in runs)
-    return fast, slow
-
-
 def _fields(contents: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     return [(o["Key"], o["LastModified"], o["ETag"]) for o in contents]
 
@@ -157,39 +129,3 @@ def test_on_a_realistic_page_both_parsers_read_the_same_keys_dates_and_etags() -
         assert _fields(lean) == _fields(stock)
         assert _fields(listing_call(lean_client(), body)(body)) == _fields(stock)
     assert stock[0]["Key"] == "statements/2026-10-18/a&b<c>\r0000000.pdf"
-
-
-def test_the_lean_parser_is_still_worth_keeping() -> None:
-    # Given a realistic page
-    body = page(entities=True)
-
-    # When both parsers read it
-    lean, stock = cpu_ms(lean_parse, botocore_parse, body, repeat=5, number=3)
-
-    # Then botocore's own parsing still costs several times the lean parser's
-    assert stock / lean >= WORTH_KEEPING, (
-        f"botocore {stock:.1f} ms vs lean {lean:.1f} ms per page: let the client parse"
-    )
-
-
-def main(repeat: int = 15, number: int = 20) -> None:
-    """Print the figures :mod:`digest_cleanup.kinds.s3_listing` quotes."""
-    for entities in (False, True):
-        body = page(entities=entities)
-        label = "10% of keys with XML entities" if entities else "plain keys"
-        print(f"{PAGE_KEYS} keys, {len(body):,} bytes, {label}; CPU ms per page, "
-              f"median of {repeat} x {number}:")  # fmt: skip
-        for what, lean, stock in (
-            ("parse only", lean_parse, botocore_parse),
-            (
-                "whole list_objects_v2 call",
-                listing_call(lean_client(), body),
-                listing_call(botocore_client(), body),
-            ),
-        ):
-            fast, slow = cpu_ms(lean, stock, body, repeat=repeat, number=number)
-            print(f"  {what}: botocore {slow:.1f}, lean {fast:.1f} ({slow / fast:.1f}x)")
-
-
-if __name__ == "__main__":
-    main(*map(int, sys.argv[1:]))
