@@ -26,9 +26,15 @@ from digest_cleanup.errors import PoisonMessage, RefusedBatch
 from digest_cleanup.kinds import ItemResult, Outcome
 from digest_cleanup.logs import log_event
 from digest_cleanup.pipeline.batch_checks import check_batch
-from digest_cleanup.pipeline.batches import BatchPayload, BatchReport, Decision, backoff, decide
+from digest_cleanup.pipeline.batches import (
+    BatchPayload,
+    BatchRecord,
+    BatchReport,
+    Decision,
+    backoff,
+    decide,
+)
 from digest_cleanup.pipeline.dead_letter import make_entry, make_poison_entry
-from digest_cleanup.pipeline.runs import BatchRecord
 from digest_cleanup.pipeline.runtime import Runtime
 
 logger = logging.getLogger("digest_cleanup.batch")
@@ -118,7 +124,7 @@ def _refuse(
         run is not None
         and run.fields.get("target") == payload.target
         and run.fields.get("token", "") == payload.run_token
-        and runtime.store.is_pending(payload.run_id, payload.batch_id)
+        and runtime.store.is_in_flight(payload.run_id, payload.batch_id)
     )
     code, message = refused.code, refused.message
     if current:
@@ -281,7 +287,7 @@ def _poison(runtime: Runtime, raw: Any, task_id: str, poison: PoisonMessage) -> 
         run is not None
         and report.batch_id
         and run.fields.get("token", "") == raw_map.get("run_token")
-        and runtime.store.is_pending(report.run_id, report.batch_id)
+        and runtime.store.is_in_flight(report.run_id, report.batch_id)
     ):
         report.recorded = runtime.store.record(
             report.run_id,

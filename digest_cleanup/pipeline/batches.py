@@ -1,8 +1,17 @@
-"""Batches: the message a sweep publishes, and what one attempt to delete it decides.
+"""A batch and one attempt at it: the family of types every attempt goes through.
 
-A batch carries up to ``batch_size`` items, compressed by their common prefix
+* :class:`BatchPayload`: the message a sweep (or a retry, or a redrive) sends;
+* :class:`Decision`: what one attempt decided for each key (deleted, skipped,
+  retried, dead-lettered);
+* :class:`BatchRecord`: what the run store records of the attempt, once;
+* :class:`BatchReport`: the small summary the task returns and logs.
+
+A dead-lettered attempt becomes a :class:`~digest_cleanup.pipeline.dead_letter.DeadLetter`,
+whose body is the next :class:`BatchPayload`.
+
+A batch carries up to ``batch_size`` keys, compressed by their common prefix
 (500 digest keys share most of their path, so this roughly halves a message),
-with each item's delete condition (its listed ETag, for S3) and the digest of
+with each key's delete condition (its listed ETag, for S3) and the digest of
 the target's scope when it was listed.
 Its id is deterministic (``RUN-bNNNNN``), and every attempt is claimed as
 ``batch / generation / attempt`` so a duplicate delivery counts nothing.
@@ -16,7 +25,7 @@ import os
 import random
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PoisonMessage
@@ -219,14 +228,34 @@ def batch_total(run: Mapping[str, str] | None, seq: int) -> str:
     return f"~{estimate}" if estimate >= seq else ""
 
 
-class Publisher(Protocol):
-    """How a batch attempt sends its follow-ups; the Celery task implements it."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """What one batch attempt did, as recorded against its run."""
 
-    def retry(self, payload: BatchPayload, countdown: float) -> None:
-        """Publish the next attempt for the items that failed transiently."""
-
-    def dead_letter(self, entry_id: str, kwargs: dict[str, Any], label: str) -> None:
-        """Publish a dead-letter entry."""
+    batch_id: str
+    claim: str
+    deleted: int = 0
+    dead_lettered: int = 0
+    skipped: int = 0
+    #: 1 when this attempt published a retry for some of its items.
+    retries: int = 0
+    #: Failing items by error code (retried or dead-lettered).
+    codes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: Error codes of the items this attempt retried, for the retries-by-code metric.
+    retried_codes: Sequence[str] = ()
+    #: True when nothing of this batch is left in flight after this attempt.
+    terminal: bool = True
+    #: False for a redriven batch, which must not count as another batch done.
+    first_generation: bool = True
+    #: Seconds from publish to acknowledgement, for the latency histogram.
+    latency: float | None = None
+    #: Wall seconds of the whole attempt and of the store's delete call, with the item
+    #: count: the service times capacity planning and the benchmark read.
+    service_seconds: float | None = None
+    delete_seconds: float = 0.0
+    items: int = 0
+    #: The items this attempt left alone on purpose, as ``(item, code, message)``.
+    skipped_items: Sequence[tuple[str, str, str]] = ()
 
 
 @dataclasses.dataclass

@@ -157,7 +157,7 @@ class RunStateCollector:
         if run is not None:
             retried = store.retried_codes(run.run_id)
             if run.status == "running":
-                pending = store.pending(run.run_id)
+                pending = store.in_flight(run.run_id)
         return TargetState(
             target=target,
             run=run,

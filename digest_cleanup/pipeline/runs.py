@@ -16,17 +16,17 @@ statuses of a run's record in :mod:`~digest_cleanup.pipeline.run_record`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import redis
 
 from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import RunStateError
+from digest_cleanup.pipeline.batches import BatchRecord
 from digest_cleanup.pipeline.keyspace import RUN_KEY_SUFFIXES, RUN_TTL_SECONDS, as_text
 from digest_cleanup.pipeline.run_record import (
     COUNTERS,
@@ -106,36 +106,6 @@ if n > 1 and redis.call('EXISTS', KEYS[2]) == 1 then
 end
 return n
 """
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BatchRecord:
-    """What one batch attempt did, as recorded against its run."""
-
-    batch_id: str
-    claim: str
-    deleted: int = 0
-    dead_lettered: int = 0
-    skipped: int = 0
-    #: 1 when this attempt published a retry for some of its items.
-    retries: int = 0
-    #: Failing items by error code (retried or dead-lettered).
-    codes: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    #: Error codes of the items this attempt retried, for the retries-by-code metric.
-    retried_codes: Sequence[str] = ()
-    #: True when nothing of this batch is left in flight after this attempt.
-    terminal: bool = True
-    #: False for a redriven batch, which must not count as another batch done.
-    first_generation: bool = True
-    #: Seconds from publish to acknowledgement, for the latency histogram.
-    latency: float | None = None
-    #: Wall seconds of the whole attempt and of the store's delete call, with the item
-    #: count: the service times capacity planning and the benchmark read.
-    service_seconds: float | None = None
-    delete_seconds: float = 0.0
-    items: int = 0
-    #: The items this attempt left alone on purpose, as ``(item, code, message)``.
-    skipped_items: Sequence[tuple[str, str, str]] = ()
 
 
 class RunStore(SweepState, TargetState):
@@ -273,11 +243,11 @@ class RunStore(SweepState, TargetState):
         """True when an attempt with this claim has already been recorded."""
         return bool(self.redis.sismember(self.run_key(run_id, "claims"), claim))
 
-    def is_pending(self, run_id: str, batch_id: str) -> bool:
+    def is_in_flight(self, run_id: str, batch_id: str) -> bool:
         """True when the sweep published ``batch_id`` for this run and it has not ended."""
         return self.redis.zscore(self.run_key(run_id, "pending"), batch_id) is not None
 
-    def pending(self, run_id: str) -> list[tuple[str, float]]:
+    def in_flight(self, run_id: str) -> list[tuple[str, float]]:
         """Batches in flight with the time they were published (oldest first)."""
         raw: list[tuple[bytes, float]] = self.redis.zrange(  # type: ignore[assignment]
             self.run_key(run_id, "pending"), 0, -1, withscores=True

@@ -1,4 +1,4 @@
-"""Each target's state in Redis: slot claims, last success, latency, timings, verify results.
+"""Each target's state in Redis: slot locks, last success, latency, timings, verify results.
 
 These keys outlive any one run.  A run's scripts write the latency histogram,
 the timings and the latest run id under the names given here (see
@@ -32,17 +32,17 @@ class TargetState(Keyspace):
         """The target's recent attempt timings, a list, newest first."""
         return self.key("timings", target)
 
-    def claim_slot(self, target: str, slot: str, holder: str, seconds: int) -> bool:
-        """Claim a target's scheduled slot for ``holder`` (a trigger's task id), once.
+    def lock_slot(self, target: str, slot: str, holder: str, seconds: int) -> bool:
+        """Lock a target's scheduled slot for ``holder`` (a trigger's task id), once.
 
-        True for the first claim and for the same holder again (its redelivery must
+        True for the first lock and for the same holder again (its redelivery must
         still start the run); False when another holder has it.
         """
-        claim = self.lock(self.key("slot", target, slot), holder, seconds)
-        return bool(claim.acquire(token=holder)) or claim.owned()
+        lock = self.lock(self.key("slot", target, slot), holder, seconds)
+        return bool(lock.acquire(token=holder)) or lock.owned()
 
-    def release_slot(self, target: str, slot: str, holder: str) -> None:
-        """Free a slot claim, if ``holder`` still has it (its run could not start)."""
+    def unlock_slot(self, target: str, slot: str, holder: str) -> None:
+        """Free a slot lock, if ``holder`` still has it (its run could not start)."""
         release(self.lock(self.key("slot", target, slot), holder))
 
     def mark_success(self, target: str) -> None:

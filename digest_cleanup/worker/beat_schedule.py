@@ -2,7 +2,7 @@
 
 Each entry sends ``digest_cleanup.trigger`` on the target's crontab (UTC).
 When beat starts it also sends one catch-up trigger per target; the trigger
-claims the slot in Redis, so this never doubles a run, and a slot missed
+locks the slot in Redis, so this never doubles a run, and a slot missed
 while beat was down runs once.
 """
 

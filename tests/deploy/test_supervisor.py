@@ -273,7 +273,7 @@ def test_supervised_worker_runs_stops_warmly_mid_run_and_resumes_losing_nothing(
     # and no batch is lost: each one running was recorded or went back to the queue, and
     # every batch the run still waits for is on the queue, none held by the stopped worker
     run = store.get(run_id)
-    pending = {batch for batch, _ in store.pending(run_id)}
+    pending = {batch for batch, _ in store.in_flight(run_id)}
     queued = _queued_batch_ids(redis_client)
     assert run.status == "running"
     assert pending, "the run must be stopped midway"
@@ -293,7 +293,7 @@ def test_supervised_worker_runs_stops_warmly_mid_run_and_resumes_losing_nothing(
     assert done.count("batches_done") == done.count("batches") == len(EXPIRED) // 50
     assert done.count("deleted") == done.count("expired") == len(EXPIRED)
     assert done.count("dead_lettered") == 0
-    assert store.pending(run_id) == []
+    assert store.in_flight(run_id) == []
     assert list_keys(s3, bucket, "statements/") == set(FRESH)
     assert list_keys(s3, bucket, "receipts/") == set(RECEIPTS)
     assert not set(proxy.deleted_key_counts) & set(FRESH + RECEIPTS)

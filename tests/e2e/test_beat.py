@@ -106,7 +106,7 @@ def test_two_beats_at_once_give_exactly_one_run_per_slot(make_stack, bucket, red
     for result in results.values():
         actions[result["slot"]].append(result["action"])
     for slot, taken in actions.items():
-        assert sorted(taken) == ["already_claimed"] * (len(taken) - 1) + ["created"], slot
+        assert sorted(taken) == ["already_locked"] * (len(taken) - 1) + ["created"], slot
     # and the run store holds exactly one run per slot, named after the slot
     assert _runs(redis_client, "minutely") == sorted(_run_for("minutely", s) for s in actions)
     assert len(redis_client.keys("dc:slot:minutely:*")) == len(actions)
@@ -138,9 +138,9 @@ def test_a_missed_slot_runs_once_however_many_beats_start(
     beat_b = stack.beat(name="beat-b", schedule=beat_b_file, extra=DEBUG)
     wait_for(lambda: _ticked(beat_b) and len(_results(worker)) >= 3, TIMEOUT, "beat b's triggers")
 
-    # Then both its triggers, Celery's and the catch-up, find the slot claimed
+    # Then both its triggers, Celery's and the catch-up, find the slot locked
     assert len(_sent(beat_b)) == 1
-    assert _results(worker)[_sent(beat_b)[0]]["action"] == "already_claimed"
+    assert _results(worker)[_sent(beat_b)[0]]["action"] == "already_locked"
 
     # When the first beat restarts with its own schedule file
     schedule_a = _schedule_file_of(beat_a)
@@ -151,7 +151,7 @@ def test_a_missed_slot_runs_once_however_many_beats_start(
     # Then nothing new runs: four triggers for the one slot, one run
     results = list(_results(worker).values())
     assert {r["slot"] for r in results} == {slot.isoformat()}
-    assert sorted(r["action"] for r in results) == ["already_claimed"] * 3 + ["created"]
+    assert sorted(r["action"] for r in results) == ["already_locked"] * 3 + ["created"]
     assert _sent(beat_a) == []
     assert _runs(redis_client, "weekly") == [expected]
     run = RunStore(redis_client).get(expected)
@@ -178,7 +178,7 @@ def test_a_redelivered_trigger_still_starts_the_run_it_claimed(make_stack, bucke
     # Then the redelivery starts the slot's run instead of skipping it, and only once
     results = _results(worker)
     assert results[task_id]["action"] == "created"
-    assert results[other]["action"] == "already_claimed"
+    assert results[other]["action"] == "already_locked"
     assert _runs(redis_client, "weekly") == [_run_for("weekly", slot)]
 
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from digest_cleanup.cli import main
-from digest_cleanup.pipeline.runs import BatchRecord, RunStore
+from digest_cleanup.pipeline.batches import BatchRecord
+from digest_cleanup.pipeline.runs import RunStore
 
 TARGETS = """
 [targets.statements]

@@ -14,11 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from digest_cleanup.clock import now_iso
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import ItemResult, Outcome
-from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.pipeline.batches import BatchPayload, BatchRecord
 from digest_cleanup.pipeline.dead_letter import make_entry
 from digest_cleanup.pipeline.metrics import RunStateCollector, oldest_pending_age, progress_ratio
 from digest_cleanup.pipeline.run_record import RunView
-from digest_cleanup.pipeline.runs import BatchRecord
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.servers import free_port
 from digest_cleanup.worker.app import create_app
@@ -108,7 +107,7 @@ def test_oldest_pending_age_rises_while_listing_then_follows_the_oldest_batch(ru
     checkpoint(runtime, [1], done=False, expired=500)
     time.sleep(0.05)
     checkpoint(runtime, [2], done=True, expired=1000)
-    (_, first), (_, second) = runtime.store.pending(RUN)
+    (_, first), (_, second) = runtime.store.in_flight(RUN)
     assert first < second
 
     # Then the age is that of the oldest unfinished batch

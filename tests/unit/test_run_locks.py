@@ -1,4 +1,4 @@
-"""The sweep lease and slot claims: one holder each, kept under the keys and values stored so far.
+"""The sweep lease and slot locks: one holder each, kept under the keys and values stored so far.
 
 Both are redis-py locks with an explicit token.  A running deployment's Redis
 holds leases and claims written before that, and the checkpoint script reads the
@@ -94,9 +94,9 @@ def test_a_slot_is_claimed_once_and_again_by_the_same_holder(redis_client: redis
     store = RunStore(redis_client)
 
     # When a trigger claims a slot, and its redelivery and another trigger claim it too
-    first = store.claim_slot("statements", "20261129T0300Z", "task-1", 3600)
-    again = store.claim_slot("statements", "20261129T0300Z", "task-1", 3600)
-    other = store.claim_slot("statements", "20261129T0300Z", "task-2", 3600)
+    first = store.lock_slot("statements", "20261129T0300Z", "task-1", 3600)
+    again = store.lock_slot("statements", "20261129T0300Z", "task-1", 3600)
+    other = store.lock_slot("statements", "20261129T0300Z", "task-2", 3600)
 
     # Then the first holder has it (its redelivery too), the other does not, and the
     # claim is the holder's id at dc:slot:TARGET:SLOT for the time asked
@@ -106,16 +106,16 @@ def test_a_slot_is_claimed_once_and_again_by_the_same_holder(redis_client: redis
 
 
 def test_only_the_holder_frees_a_slot(redis_client: redis.Redis) -> None:
-    # Given a slot claimed by one trigger
+    # Given a slot locked by one trigger
     store = RunStore(redis_client)
-    assert store.claim_slot("statements", "20261129T0300Z", "task-1", 3600)
+    assert store.lock_slot("statements", "20261129T0300Z", "task-1", 3600)
 
     # When another trigger frees it, it stays claimed
-    store.release_slot("statements", "20261129T0300Z", "task-2")
-    assert not store.claim_slot("statements", "20261129T0300Z", "task-2", 3600)
+    store.unlock_slot("statements", "20261129T0300Z", "task-2")
+    assert not store.lock_slot("statements", "20261129T0300Z", "task-2", 3600)
 
     # When its holder frees it, the next trigger can claim it
-    store.release_slot("statements", "20261129T0300Z", "task-1")
-    assert store.claim_slot("statements", "20261129T0300Z", "task-2", 3600)
-    store.release_slot("statements", "20261129T0300Z", "task-1")  # no longer its: a no-op
+    store.unlock_slot("statements", "20261129T0300Z", "task-1")
+    assert store.lock_slot("statements", "20261129T0300Z", "task-2", 3600)
+    store.unlock_slot("statements", "20261129T0300Z", "task-1")  # no longer its: a no-op
     assert redis_client.get("dc:slot:statements:20261129T0300Z") == b"task-2"

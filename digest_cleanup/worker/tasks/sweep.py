@@ -18,8 +18,8 @@ from digest_cleanup.pipeline.sweep import on_slice_error, sweep_slice
 from digest_cleanup.worker.dispatch import SWEEP_TASK, TRIGGER_TASK
 from digest_cleanup.worker.tasks.base import CleanupTask
 
-#: How long a beat's claim on a slot is kept: past the catch-up window.
-SLOT_CLAIM_SECONDS = int(CATCH_UP_WINDOW.total_seconds()) + 86_400
+#: How long a beat's lock on a slot is kept: past the catch-up window.
+SLOT_LOCK_SECONDS = int(CATCH_UP_WINDOW.total_seconds()) + 86_400
 
 
 @shared_task(bind=True, base=CleanupTask, name=SWEEP_TASK)
@@ -49,7 +49,7 @@ def trigger(
 
     Beat sends this on the target's crontab, and once per target when beat
     starts (``catch_up``).  Both key the run on the slot, and the slot is
-    claimed in Redis first, so two beats, or a beat restarted after downtime,
+    locked in Redis first, so two beats, or a beat restarted after downtime,
     give exactly one run per slot, and a slot missed within the catch-up
     window runs once when beat comes back.
     """
@@ -61,10 +61,10 @@ def trigger(
         return {"target": target, "slot": slot.isoformat(), "action": "too_old"}
     slot_name = slot.strftime("%Y%m%dT%H%MZ")
     holder = self.request.id or uuid.uuid4().hex
-    # The claim holds the task id: a redelivery of this very message (its worker died
-    # between claiming and starting) must still start the run, or the slot is skipped.
-    if not runtime.store.claim_slot(target, slot_name, holder, SLOT_CLAIM_SECONDS):
-        return {"target": target, "slot": slot.isoformat(), "action": "already_claimed"}
+    # The lock holds the task id: a redelivery of this very message (its worker died
+    # between locking and starting) must still start the run, or the slot is skipped.
+    if not runtime.store.lock_slot(target, slot_name, holder, SLOT_LOCK_SECONDS):
+        return {"target": target, "slot": slot.isoformat(), "action": "already_locked"}
     try:
         started = start(
             runtime,
@@ -75,12 +75,12 @@ def trigger(
     except CutoffError as exc:
         # A trigger whose ``now`` lies ahead of this worker's clock (sent by hand,
         # say through Flower's API) would delete inside the retention window.
-        runtime.store.release_slot(target, slot_name, holder)
+        runtime.store.unlock_slot(target, slot_name, holder)
         return {"target": target, "slot": slot.isoformat(), "action": "refused", "reason": str(exc)}
     except Exception:
-        # A claimed slot without a run would be skipped: free it for the next trigger.
+        # A locked slot without a run would be skipped: free it for the next trigger.
         # The run id is keyed on the slot, so a later start cannot double the run.
-        runtime.store.release_slot(target, slot_name, holder)
+        runtime.store.unlock_slot(target, slot_name, holder)
         raise
     return {
         "target": target,
