@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.kinds import ItemResult, Outcome
+from digest_cleanup.kinds import KeyResult, Outcome
 from digest_cleanup.pipeline.batches import BatchPayload
 from digest_cleanup.pipeline.dead_letter import make_entry
 from digest_cleanup.pipeline.runtime import Runtime
@@ -107,11 +107,11 @@ def _published(settings: Settings) -> str:
         batch_id="bench-b00001",
         seq=1,
         cutoff="2026-10-25T03:00:00+00:00",
-        items=keys,
+        keys=keys,
         conditions=['"0123456789abcdef0123456789abcdef"'] * len(keys),
         scope="bench",
     )
-    dead = {k: ItemResult(k, Outcome.PERMANENT, "AccessDenied", "Access Denied") for k in keys}
+    dead = {k: KeyResult(k, Outcome.PERMANENT, "AccessDenied", "Access Denied") for k in keys}
     letter = make_entry(payload, dead, "permanent_error")
     runtime = create_app(settings).digest_cleanup_runtime
     runtime.dispatcher.send_dead_letter(dataclasses.replace(letter, entry_id="dl-bench-000000"))

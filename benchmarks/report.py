@@ -323,8 +323,8 @@ def condition_cost(results: Results) -> str:
 
 
 def _batch(result: RunResult) -> float:
-    items = [n for *_, n in result.timings]
-    return sum(items) / len(items) if items else 500.0
+    keys = [n for *_, n in result.timings]
+    return sum(keys) / len(keys) if keys else 500.0
 
 
 def _memory(result: RunResult) -> str:

@@ -10,7 +10,7 @@
     │   └── CutoffError             a cutoff inside the target's retention window
     ├── RunStateError               the run store is missing or inconsistent
     ├── DeadLetterError             a dead-letter operation was refused
-    └── ItemError                   one item could not be deleted
+    └── StoreError                   one key could not be deleted
         ├── TransientError          retry later: throttling, 5xx, timeouts
         └── PermanentError          never retried: access denied, locked, out of scope
             ├── PoisonMessage       a message that does not decode; dead-lettered at once
@@ -50,7 +50,7 @@ class UsageError(CleanupError):
 
 
 class CutoffError(UsageError):
-    """A cutoff that would delete items still inside their target's retention window."""
+    """A cutoff that would delete keys still inside their target's retention window."""
 
 
 class RunStateError(CleanupError):
@@ -61,8 +61,8 @@ class DeadLetterError(CleanupError):
     """A dead-letter operation was refused."""
 
 
-class ItemError(CleanupError):
-    """One item (or a whole batch request) failed; ``code`` is short and stable."""
+class StoreError(CleanupError):
+    """One key (or a whole batch request) failed; ``code`` is short and stable."""
 
     def __init__(self, code: str, message: str, *, retry_after: float | None = None) -> None:
         self.code = code
@@ -71,11 +71,11 @@ class ItemError(CleanupError):
         super().__init__(f"{code}: {message}")
 
 
-class TransientError(ItemError):
+class TransientError(StoreError):
     """Worth retrying: throttling, server errors, timeouts, lost connections."""
 
 
-class PermanentError(ItemError):
+class PermanentError(StoreError):
     """Retrying cannot help: access denied, object lock, out of scope."""
 
 

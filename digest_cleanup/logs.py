@@ -5,7 +5,7 @@ produced a line (our events, Celery, botocore), :func:`install` makes it safe
 before it reaches a handler's stream:
 
 * known secrets (AWS keys, the Redis password) are masked as ``***``;
-* anything that looks like an item of a configured target (it starts with the
+* anything that looks like a key of a configured target (it starts with the
   target's prefix) has its customer segment hashed, see :func:`redact`;
 * loggers that dump whole S3 requests and responses at DEBUG are held at INFO.
 """
@@ -34,7 +34,7 @@ _PROCESS_KEY = secrets.token_hex(32)
 #: DEBUG lines carry whole S3 requests and responses (every key of a batch, listing
 #: pages, continuation tokens that are keys, signing headers).
 QUIET_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
-#: Characters that end an item found inside free text: whitespace, quotes, the
+#: Characters that end a key found inside free text: whitespace, quotes, the
 #: delimiters of Python reprs, XML and URLs.
 _ITEM_END = r"\s'\"<>,;&|(){}\[\]"
 
@@ -57,7 +57,7 @@ def redact(item: str, settings: Settings) -> str:
 
 
 class Scrubber:
-    """Masks secrets and redacts items in any text, such as a formatted log record."""
+    """Masks secrets and redacts keys in any text, such as a formatted log record."""
 
     def __init__(self, settings: Settings, prefixes: Iterable[str] = ()) -> None:
         self.settings = settings
@@ -140,7 +140,7 @@ class SafeFormatter(logging.Formatter):
 def install(logger: logging.Logger, settings: Settings, prefixes: Iterable[str] = ()) -> None:
     """Apply the configured format and scrubbing to ``logger``'s handlers.
 
-    ``prefixes`` are the configured targets' item prefixes (see :func:`item_prefixes`).
+    ``prefixes`` are the configured targets' key prefixes (see :func:`item_prefixes`).
     Safe to call again: a handler is never wrapped twice.
     """
     scrub = Scrubber(settings, prefixes)
@@ -157,7 +157,7 @@ def install(logger: logging.Logger, settings: Settings, prefixes: Iterable[str] 
 
 
 def item_prefixes(targets: Iterable[Any]) -> list[str]:
-    """The item prefix of each target whose kind has one (an S3 target's ``prefix``)."""
+    """The key prefix of each target whose kind has one (an S3 target's ``prefix``)."""
     return [p for t in targets if isinstance(p := getattr(t.options, "prefix", None), str) and p]
 
 

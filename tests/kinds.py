@@ -8,7 +8,7 @@ import signal
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 
-from digest_cleanup.kinds import ItemResult, Page, TargetKind
+from digest_cleanup.kinds import KeyResult, Page, TargetKind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,17 +24,17 @@ class KillerKind(TargetKind):
 
     def scan(self, cutoff: datetime, start_after: str | None = None) -> Iterator[Page]:
         if start_after is None:
-            items = [f"doomed/{i}" for i in range(self.options.count)]
-            yield Page(scanned=len(items), expired=items, cursor=items[-1])
+            keys = [f"doomed/{i}" for i in range(self.options.count)]
+            yield Page(scanned=len(keys), expired=keys, cursor=keys[-1])
 
     def delete(
-        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
-    ) -> list[ItemResult]:
+        self, keys: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[KeyResult]:
         os.kill(os.getpid(), signal.SIGKILL)  # an OOM kill, as far as Celery can tell
         raise AssertionError("unreachable")
 
-    def out_of_scope(self, item: str) -> str | None:
-        return None if item.startswith("doomed/") else "not doomed"
+    def out_of_scope(self, key: str) -> str | None:
+        return None if key.startswith("doomed/") else "not doomed"
 
     def describe(self) -> str:
         return "killer://"
@@ -58,5 +58,5 @@ class BrokenKind(KillerKind):
 
     name = "broken"
 
-    def out_of_scope(self, item: str) -> str | None:
+    def out_of_scope(self, key: str) -> str | None:
         raise RuntimeError('relation "snapshots" does not exist')

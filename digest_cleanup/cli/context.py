@@ -94,9 +94,9 @@ def show_run(data: dict[str, Any], as_json: bool) -> int:
             if key in data and data[key] not in ("", None):
                 print(f"  {key:14} {data[key]}")
         if data.get("sample"):
-            print("  sample of items that would be deleted:")
-            for item in data["sample"]:
-                print(f"    {item}")
+            print("  sample of keys that would be deleted:")
+            for key in data["sample"]:
+                print(f"    {key}")
     return STATUS_EXIT.get(str(data.get("status")), EXIT_OK)
 
 

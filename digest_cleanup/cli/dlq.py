@@ -127,7 +127,7 @@ def cmd_redrive(args: argparse.Namespace, ctx: Context) -> int:
     else:
         outcome = redrive.redrive(ctx.runtime, dlq, entries)
         movable = outcome.moved
-    keys = sum(len(e.items) for e in entries if e.id in movable)
+    keys = sum(len(e.keys) for e in entries if e.id in movable)
     result: dict[str, Any] = {
         "dry_run": args.dry_run,
         "selected": [e.id for e in entries],

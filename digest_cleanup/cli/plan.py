@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def register(parser: argparse.ArgumentParser) -> None:
     """The options of ``digest-cleanup plan``."""
     parser.add_argument(
-        "--artifacts", type=int, required=True, help="items one run must delete, e.g. 120000"
+        "--artifacts", type=int, required=True, help="keys one run must delete, e.g. 120000"
     )
     parser.add_argument(
         "--window", required=True, help="time the run may take: 90s, 45m, 2h, 1h30m, 1d"
@@ -83,8 +83,8 @@ def describe(result: Plan, targets: list[str]) -> str:
     lines = [
         f"plan: {result.artifacts:,} artifacts in {_duration(result.window_seconds)} "
         f"(targets {', '.join(targets)}; batch size {result.batch_size})",
-        f"  measured   {s.attempts:,} recent batch attempts over {s.items:,} items: "
-        f"{s.per_item * 1000:.2f} ms per item; per batch median {s.median:.2f} s, "
+        f"  measured   {s.attempts:,} recent batch attempts over {s.keys:,} keys: "
+        f"{s.per_item * 1000:.2f} ms per key; per batch median {s.median:.2f} s, "
         f"p95 {s.p95:.2f} s, p99 {s.p99:.2f} s (delete call median {s.delete_median:.2f} s, "
         f"overhead median {s.overhead_median * 1000:.1f} ms)",
         f"  needed     {result.batches:,} batches in {result.window_seconds:,.0f} s = "
@@ -96,7 +96,7 @@ def describe(result: Plan, targets: list[str]) -> str:
         f"batches queue with --concurrency {result.concurrency} (threads or prefork; deletes "
         "wait on the store), plus one worker with -Q sweeps --concurrency 1",
         f"  full speed {result.peak_deletes_per_second:,.0f} deletes/s; the guard pass lists "
-        "every item before the first delete, so leave the window room for it",
+        "every key before the first delete, so leave the window room for it",
     ]
     lines += [f"  warning    {w}" for w in result.warnings]
     return "\n".join(lines)

@@ -55,7 +55,7 @@ def register(add: AddCommand) -> None:
     p.add_argument("--target")
     p.add_argument("--limit", type=int, default=20)
 
-    p = add("verify", cmd_verify, "count expired items still present; exit 1 if any")
+    p = add("verify", cmd_verify, "count expired keys still present; exit 1 if any")
     p.add_argument("target")
     p.add_argument("--cutoff", help="ISO 8601; default now minus retention_days")
 

@@ -73,7 +73,7 @@ class Settings:
     #: ``s3://bucket/prefix`` where run reports go; ``None`` keeps them in Redis only.
     audit_url: str | None = None
     log_format: LogFormat = "text"
-    #: Which ``/``-separated segment of an item holds a customer identifier (hashed in logs).
+    #: Which ``/``-separated segment of a key holds a customer identifier (hashed in logs).
     log_hash_segment: int | None = None
     #: The key of that hash (HMAC-SHA256).  Unset, each process draws a random one, so a
     #: customer's lines correlate within one process only.

@@ -27,7 +27,7 @@ from digest_cleanup.kinds import TargetKind, load_kind
 
 #: Keys in one DeleteObjects-sized batch unless the target says otherwise.
 DEFAULT_BATCH_SIZE = 500
-#: A run that finds more expired items than this deletes nothing and fails
+#: A run that finds more expired keys than this deletes nothing and fails
 #: (``max_delete_exceeded``) unless forced.  About twice a weekly run of the
 #: 120k-customer digest: large enough for a normal week, small enough to stop
 #: ``retention_days = 0`` from wiping a bucket that holds a month of artifacts.
@@ -62,11 +62,11 @@ class Target:
     overlaps: tuple[str, ...] = ()
 
     def cutoff_for(self, now: datetime) -> datetime:
-        """Items last modified before this instant have expired."""
+        """Keys last modified before this instant have expired."""
         return (now - timedelta(days=self.retention_days)).astimezone(UTC).replace(microsecond=0)
 
     def check_cutoff(self, cutoff: datetime, now: datetime | None = None) -> None:
-        """Refuse a cutoff inside the retention window: it would delete items still kept.
+        """Refuse a cutoff inside the retention window: it would delete keys still kept.
 
         ``now`` is the checker's own clock, never a time a message or a caller
         supplies: the check is what stops a forged or mistaken one.
@@ -155,7 +155,7 @@ def parse_targets(
     """Validate the TOML text of a targets file.
 
     Besides each table, it refuses two targets whose scopes overlap (one could
-    delete the other's longer-kept items) unless one names the other in
+    delete the other's longer-kept keys) unless one names the other in
     ``overlaps``, and an audit location (``CLEANUP_AUDIT_URL``) inside a target's
     scope, where a run could delete the reports.
     """
@@ -192,7 +192,7 @@ def _check_overlaps(targets: Iterable[Target], audit_url: str | None) -> None:
                 continue
             raise TargetsFileError(
                 f"targets.{a.name} and targets.{b.name} overlap: {store_a}/{prefix_a} and "
-                f"{store_b}/{prefix_b}; a run of one could delete the other's items before "
+                f"{store_b}/{prefix_b}; a run of one could delete the other's keys before "
                 f"their retention ends. Give them disjoint prefixes, or, if the overlap is "
                 f'intended, add overlaps = ["{b.name}"] to targets.{a.name}'
             )
@@ -228,7 +228,7 @@ def parse_target(name: str, table: Mapping[str, Any]) -> Target:
     if retention < 0:
         raise TargetsFileError(
             f"targets.{name}.retention_days: {retention} is negative; use the number of days "
-            "an item must be kept (0 or more)"
+            "a key must be kept (0 or more)"
         )
     schedule = _require(name, table, "schedule", str)
     _parse_crontab(name, schedule)
@@ -242,7 +242,7 @@ def parse_target(name: str, table: Mapping[str, Any]) -> Target:
     if max_delete < 1:
         raise TargetsFileError(
             f"targets.{name}.max_delete: {max_delete} must be at least 1; it caps how many "
-            "items one run may delete"
+            "keys one run may delete"
         )
     description = _optional(name, table, "description", str, "")
     overlaps = _optional(name, table, "overlaps", list, [])

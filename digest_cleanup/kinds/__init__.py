@@ -14,7 +14,7 @@ from digest_cleanup.errors import TargetsFileError
 from digest_cleanup.kinds.base import (
     CHANGED_SINCE_LISTING,
     Finding,
-    ItemResult,
+    KeyResult,
     Outcome,
     Page,
     TargetKind,
@@ -23,7 +23,7 @@ from digest_cleanup.kinds.base import (
 __all__ = [
     "CHANGED_SINCE_LISTING",
     "Finding",
-    "ItemResult",
+    "KeyResult",
     "Outcome",
     "Page",
     "TargetKind",

@@ -2,18 +2,18 @@
 
 A kind answers two questions and nothing else:
 
-* :meth:`TargetKind.scan` -- which items have expired, streamed in pages;
-* :meth:`TargetKind.delete` -- delete this batch and say what became of each item.
+* :meth:`TargetKind.scan` -- which keys have expired, streamed in pages;
+* :meth:`TargetKind.delete` -- delete this batch and say what became of each key.
 
-A scan may attach a *condition* to each expired item: what the item must still
+A scan may attach a *condition* to each expired key: what the key must still
 be for its delete to go ahead (for S3, the ETag the listing saw).  The pipeline
-carries conditions with their items through batches, retries and dead letters,
+carries conditions with their keys through batches, retries and dead letters,
 and hands them back to :meth:`TargetKind.delete`, so the store itself refuses to
-delete an item that was rewritten after it was listed.
+delete a key that was rewritten after it was listed.
 
 Everything else (fan-out, retries, dead letters, run state, reports, metrics,
 Flower names) is the pipeline's, and it never learns which kind it serves.
-Items are opaque strings to the pipeline: an S3 key, a primary key, a Redis key.
+Keys are opaque strings to the pipeline: an S3 key, a primary key, a Redis key.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from digest_cleanup.errors import TargetsFileError
 class Page:
     """One page of a scan.
 
-    ``scanned`` counts every item looked at (expired or not), ``expired`` holds
+    ``scanned`` counts every key looked at (expired or not), ``expired`` holds
     the expired ones in scan order, and ``cursor`` is where a later scan resumes:
     ``scan(cutoff, start_after=cursor)`` continues right after this page.  A page
     that ends inside a group the kind cannot split yet has ``cursor=None``, which
@@ -46,17 +46,17 @@ class Page:
     scanned: int
     expired: list[str]
     cursor: str | None
-    #: One condition per expired item, in the same order (S3: its ETag); empty when
+    #: One condition per expired key, in the same order (S3: its ETag); empty when
     #: the kind checks expiry itself at delete time.
     conditions: list[str] = dataclasses.field(default_factory=list)
 
 
-#: The code of an item left alone because it no longer is what the sweep found expired.
+#: The code of a key left alone because it no longer is what the sweep found expired.
 CHANGED_SINCE_LISTING = "changed_since_listing"
 
 
 class Outcome(enum.StrEnum):
-    """What became of one item in a delete request."""
+    """What became of one key in a delete request."""
 
     #: Gone now, whether this request removed it or it was already absent.
     DELETED = "deleted"
@@ -70,10 +70,10 @@ class Outcome(enum.StrEnum):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ItemResult:
-    """The outcome of one item; ``code`` and ``message`` explain failures."""
+class KeyResult:
+    """The outcome of one key; ``code`` and ``message`` explain failures."""
 
-    item: str
+    key: str
     outcome: Outcome
     code: str = ""
     message: str = ""
@@ -119,37 +119,37 @@ class TargetKind(ABC):
 
     @abstractmethod
     def scan(self, cutoff: datetime, start_after: str | None = None) -> Iterator[Page]:
-        """Stream the target's items in a stable order, page by page, marking expired ones."""
+        """Stream the target's keys in a stable order, page by page, marking expired ones."""
 
     @abstractmethod
     def delete(
-        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
-    ) -> list[ItemResult]:
-        """Delete ``items`` (all in scope, at most the kind's batch limit); one result per item.
+        self, keys: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[KeyResult]:
+        """Delete ``keys`` (all in scope, at most the kind's batch limit); one result per key.
 
-        ``conditions`` are the scan's, one per item (``""`` where the scan gave none,
-        or empty when no item has one).  Check and delete must be one step in the
-        store: an item that no longer is what the scan found expired is left alone
+        ``conditions`` are the scan's, one per key (``""`` where the scan gave none,
+        or empty when no key has one).  Check and delete must be one step in the
+        store: a key that no longer is what the scan found expired is left alone
         and reported :attr:`Outcome.SKIPPED` with :data:`CHANGED_SINCE_LISTING`.
 
-        Must be idempotent: deleting an absent item is :attr:`Outcome.DELETED`.
-        An error that fails the whole request is reported on every item, not raised.
+        Must be idempotent: deleting an absent key is :attr:`Outcome.DELETED`.
+        An error that fails the whole request is reported on every key, not raised.
         """
 
     @abstractmethod
-    def out_of_scope(self, item: str) -> str | None:
-        """Why ``item`` is not this target's to delete, or ``None`` when it is."""
+    def out_of_scope(self, key: str) -> str | None:
+        """Why ``key`` is not this target's to delete, or ``None`` when it is."""
 
     @abstractmethod
     def describe(self) -> str:
         """A short human location such as ``s3://bucket/prefix``."""
 
-    #: The most items one :meth:`delete` call accepts.
+    #: The most keys one :meth:`delete` call accepts.
     max_batch_size: ClassVar[int] = 1000
 
     @classmethod
     def namespace(cls, options: Any) -> tuple[str, str] | None:
-        """Where a target's items live, as ``(store, prefix)``, for the overlap check.
+        """Where a target's keys live, as ``(store, prefix)``, for the overlap check.
 
         Two targets overlap when they name the same store and one prefix starts
         with the other.  ``None`` (the default) means the kind cannot tell, and its
@@ -158,7 +158,7 @@ class TargetKind(ABC):
         return None
 
     def scope(self) -> dict[str, Any]:
-        """Everything that decides which items are this target's, for the scope digest.
+        """Everything that decides which keys are this target's, for the scope digest.
 
         A batch carries the digest of its target's scope when it was listed; a worker
         whose scope differs refuses it (``target_changed``).  The default is every
@@ -178,7 +178,7 @@ class TargetKind(ABC):
         return True
 
     def remaining(self, cutoff: datetime) -> int:
-        """How many expired items are still present (for ``verify``)."""
+        """How many expired keys are still present (for ``verify``)."""
         return sum(len(page.expired) for page in self.scan(cutoff))
 
     def verify_extra(self, cutoff: datetime) -> dict[str, int]:
@@ -188,7 +188,7 @@ class TargetKind(ABC):
     def check(self) -> list[Finding]:
         """Probe the store before a first run: access, permissions, and what deletes rely on.
 
-        It may write and remove a probe item of its own, never a target's item.
+        It may write and remove a probe key of its own, never a target's key.
         The default checks nothing.
         """
         return []

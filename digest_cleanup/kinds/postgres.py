@@ -1,6 +1,6 @@
 """The PostgreSQL kind: expired rows of one table, deleted by primary key.
 
-It serves per-customer snapshot rows and delivery receipts.  An item is a
+It serves per-customer snapshot rows and delivery receipts.  A key is a
 primary-key value in PostgreSQL's own text form (``pk::text``).  That form casts
 back to the key's type, so every statement compares the key column itself and
 the primary-key index stays usable.
@@ -33,9 +33,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.errors import ItemError, SettingsError, TransientError
+from digest_cleanup.errors import SettingsError, StoreError, TransientError
 from digest_cleanup.kinds import postgres_catalog
-from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, ItemResult, Outcome, Page, TargetKind
+from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, KeyResult, Outcome, Page, TargetKind
 from digest_cleanup.kinds.postgres_catalog import KeyType
 from digest_cleanup.kinds.postgres_errors import classify
 from digest_cleanup.kinds.postgres_options import PostgresOptions, validate
@@ -59,7 +59,7 @@ COUNT_STATEMENT_TIMEOUT = "10min"
 IDLE_IN_TRANSACTION_TIMEOUT = "60s"
 #: Seconds to wait for a TCP connection, unless the DSN says otherwise.
 CONNECT_TIMEOUT = 10
-#: Items longer than this many bytes are refused.  It is the B-tree limit of about a
+#: Keys longer than this many bytes are refused.  It is the B-tree limit of about a
 #: third of an 8 kB page: only a key that compresses well can be longer, and
 #: realistic keys are far shorter.
 MAX_KEY_BYTES = 2704
@@ -156,52 +156,52 @@ class PostgresKind(TargetKind):
                 return
 
     def delete(
-        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
-    ) -> list[ItemResult]:
-        """Delete the still-expired rows among ``items`` in one transaction."""
-        if not items:
+        self, keys: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[KeyResult]:
+        """Delete the still-expired rows among ``keys`` in one transaction."""
+        if not keys:
             return []
         try:
             with self._mapped_errors():
                 key = self._key_type()
                 conn = self._connection()
                 with conn.transaction(), conn.cursor() as cur:
-                    cur.execute(self._delete_sql(key), {"items": list(items), "cutoff": cutoff})
+                    cur.execute(self._delete_sql(key), {"items": list(keys), "cutoff": cutoff})
                     deleted = {row[0] for row in cur.fetchall()}
-                    rest = [item for item in items if item not in deleted]
+                    rest = [item for item in keys if item not in deleted]
                     present: set[str] = set()
                     if rest:
                         cur.execute(self._exists_sql(key), {"items": rest})
                         present = {row[0] for row in cur.fetchall()}
-        except ItemError as exc:
+        except StoreError as exc:
             outcome = Outcome.TRANSIENT if isinstance(exc, TransientError) else Outcome.PERMANENT
-            return [ItemResult(item, outcome, exc.code, exc.message) for item in items]
+            return [KeyResult(item, outcome, exc.code, exc.message) for item in keys]
         results = []
-        for item in items:
+        for item in keys:
             if item in present:
                 # Still there but not deleted: it was rewritten after the sweep.
                 results.append(
-                    ItemResult(
+                    KeyResult(
                         item, Outcome.SKIPPED, CHANGED_SINCE_LISTING, "updated since the sweep"
                     )
                 )
             else:
                 # Deleted now, or already gone: deleting is idempotent.
-                results.append(ItemResult(item, Outcome.DELETED))
+                results.append(KeyResult(item, Outcome.DELETED))
         return results
 
-    def out_of_scope(self, item: str) -> str | None:
-        """Why ``item`` cannot be a key of this table (it reads after "an item is"), or ``None``.
+    def out_of_scope(self, key: str) -> str | None:
+        """Why ``key`` cannot be a key of this table (it reads after "a key is"), or ``None``.
 
-        It looks the key type up on first use, so it may raise an :class:`ItemError`.
+        It looks the key type up on first use, so it may raise a :class:`StoreError`.
         """
-        if "\x00" in item:
+        if "\x00" in key:
             return "holding a NUL character, which PostgreSQL text cannot store"
-        if len(item.encode()) > MAX_KEY_BYTES:
+        if len(key.encode()) > MAX_KEY_BYTES:
             return f"longer than {MAX_KEY_BYTES} bytes, more than an index entry holds"
         with self._mapped_errors():
-            key = self._key_type()
-        return key.refuses(item)
+            key_type = self._key_type()
+        return key_type.refuses(key)
 
     def remaining(self, cutoff: datetime) -> int:
         """``count(*)`` of the rows still older than ``cutoff``."""
@@ -244,7 +244,7 @@ class PostgresKind(TargetKind):
         ).format(t=self._table, pk=self._pk, ts=self._ts, array=key.array)
 
     def _exists_sql(self, key: KeyType) -> sql.Composed:
-        # It answers with the items as sent, so an item that is not in canonical
+        # It answers with the keys as sent, so a key that is not in canonical
         # text form still maps back to itself.
         return sql.SQL(
             "SELECT req.item FROM unnest(%(items)s::text[]) AS req(item)"
@@ -289,7 +289,7 @@ class PostgresKind(TargetKind):
 
     @contextlib.contextmanager
     def _mapped_errors(self) -> Iterator[None]:
-        """Serialize one call; raise psycopg errors as :class:`ItemError` via :func:`classify`."""
+        """Serialize one call; raise psycopg errors as :class:`StoreError` via :func:`classify`."""
         with self._lock:
             try:
                 yield

@@ -2,7 +2,7 @@
 
 :func:`look_up` checks the table, its key and timestamp columns and the key's
 single-column unique index once per kind instance; :meth:`KeyType.refuses` then
-tells, without a query, why an item cannot be a value of the key.
+tells, without a query, why a key cannot be a value of the key.
 """
 
 from __future__ import annotations
@@ -41,20 +41,20 @@ class KeyType:
     def array(self) -> sql.Composable:
         return sql.SQL("{}[]").format(sql.Identifier(self.schema, self.name))
 
-    def refuses(self, item: str) -> str | None:
-        """Why ``item`` cannot be a value of this type (it reads after "an item is"), or None."""
-        if not item and self.name not in TEXT_TYPES:
+    def refuses(self, key: str) -> str | None:
+        """Why ``key`` cannot be a value of this type (it reads after "a key is"), or None."""
+        if not key and self.name not in TEXT_TYPES:
             # '' is a legal text key, and refusing it would poison every batch it lands in.
             return "empty"
         bits = INTEGER_BITS.get(self.name)
         if bits is not None:
-            if not CANONICAL_INTEGER.match(item):
+            if not CANONICAL_INTEGER.match(key):
                 return f"not a {self.display} in canonical form"
-            if not -(2 ** (bits - 1)) <= int(item) < 2 ** (bits - 1):
+            if not -(2 ** (bits - 1)) <= int(key) < 2 ** (bits - 1):
                 return f"out of range for {self.display}"
-        elif self.name == "uuid" and not CANONICAL_UUID.match(item):
+        elif self.name == "uuid" and not CANONICAL_UUID.match(key):
             return "not a uuid in canonical lowercase form"
-        elif self.max_chars is not None and len(item) > self.max_chars:
+        elif self.max_chars is not None and len(key) > self.max_chars:
             return f"longer than {self.display} allows"
         return None
 

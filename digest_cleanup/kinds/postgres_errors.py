@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import psycopg
 
-from digest_cleanup.errors import ItemError, PermanentError, TransientError
+from digest_cleanup.errors import PermanentError, StoreError, TransientError
 
 #: SQLSTATEs (or two-character SQLSTATE classes) worth retrying, with their short codes.
 TRANSIENT_SQLSTATES: Mapping[str, str] = {
@@ -27,14 +27,14 @@ PERMANENT_SQLSTATES: Mapping[str, str] = {
     "42P01": "undefined_table",
     "42703": "undefined_table",  # undefined_column: the options name a missing column
     "3F000": "undefined_table",  # invalid_schema_name
-    "22P02": "invalid_key",  # invalid_text_representation: an item is not of the key type
+    "22P02": "invalid_key",  # invalid_text_representation: a key is not of the key type
     "22003": "invalid_key",  # numeric_value_out_of_range
     "23503": "still_referenced",  # foreign_key_violation: another table's rows point here
     "28": "authentication_failed",  # invalid_authorization_specification
 }
 
 
-def classify(exc: psycopg.Error) -> ItemError:
+def classify(exc: psycopg.Error) -> StoreError:
     """Map one psycopg error to a :class:`TransientError` or :class:`PermanentError`."""
     state = exc.sqlstate or ""
     message = _short_message(exc)

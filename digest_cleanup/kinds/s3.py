@@ -1,19 +1,20 @@
 """The S3 kind: objects under a prefix, expired by LastModified, deleted with DeleteObjects.
 
-With ``versions = "current"`` (the default) an item is a key, and deleting it in a
-versioned bucket only adds a delete marker.  With ``versions = "all"`` an item is
-one version (``key?versionId=ID``) of an expired key, and every version and delete
-marker of that key is deleted, so no statement survives as a noncurrent version.
+With ``versions = "current"`` (the default) each key the pipeline carries is an
+S3 key, and deleting it in a versioned bucket only adds a delete marker.  With
+``versions = "all"`` it is a versioned key (``key?versionId=ID``) of an expired
+key, and every version and delete marker of that key is deleted, so no
+statement survives as a noncurrent version.
 
 Deletes are conditional, so S3 itself makes the final check:
 
-* a current-version item carries the ETag its listing saw, and DeleteObjects
+* a current-version key carries the ETag its listing saw, and DeleteObjects
   sends it per object: a key rewritten since (a new ETag) fails with a per-key
   ``PreconditionFailed``, is kept and reported ``changed_since_listing``;
-* a version item names exactly one immutable version by its id, which needs a
+* a version key names exactly one immutable version by its id, which needs a
   bucket with versioning *enabled* (elsewhere the ``null`` version is rewritten in
   place, so ``versions = "all"`` refuses such a bucket);
-* an item without an ETag (a batch from before conditions existed) is looked up
+* a key without an ETag (a batch from before conditions existed) is looked up
   first, and deleted on the ETag found only if it is older than the cutoff.
 
 Every key sent must come back as deleted or as an error.  A key the answer does
@@ -33,7 +34,7 @@ from typing import Any, ClassVar, Literal
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PermanentError, TargetsFileError
 from digest_cleanup.kinds import s3_shards
-from digest_cleanup.kinds.base import Finding, ItemResult, Page, TargetKind, parse_dataclass
+from digest_cleanup.kinds.base import Finding, KeyResult, Page, TargetKind, parse_dataclass
 from digest_cleanup.kinds.s3_client import aware, make_client, mapped_errors
 from digest_cleanup.kinds.s3_delete import VERSION_SEPARATOR, Deletion
 
@@ -129,19 +130,19 @@ class S3Kind(TargetKind):
     def conditional(self) -> bool:
         return bool(self.options.conditional_deletes) or self.all_versions
 
-    def out_of_scope(self, item: str) -> str | None:
-        key = item.rpartition(VERSION_SEPARATOR)[0] if self.all_versions else item
-        if self.all_versions and VERSION_SEPARATOR not in item:
-            return "not a key?versionId=ID item, but the target deletes all versions"
-        if not key:
+    def out_of_scope(self, key: str) -> str | None:
+        if self.all_versions and VERSION_SEPARATOR not in key:
+            return "not a versioned key (key?versionId=ID), but the target deletes all versions"
+        base = key.rpartition(VERSION_SEPARATOR)[0] if self.all_versions else key
+        if not base:
             return "empty key"
-        if not key.startswith(self.options.prefix):
+        if not base.startswith(self.options.prefix):
             return f"outside the target prefix {self.options.prefix!r}"
         return None
 
     @property
     def all_versions(self) -> bool:
-        """True when an item is one version of a key (``versions = "all"``)."""
+        """True when a key is one version of a key (``versions = "all"``)."""
         return bool(self.options.versions == "all")
 
     def scan(self, cutoff: datetime, start_after: str | None = None) -> Iterator[Page]:
@@ -210,10 +211,10 @@ class S3Kind(TargetKind):
             )
 
     def delete(
-        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
-    ) -> list[ItemResult]:
+        self, keys: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[KeyResult]:
         """Delete a batch, every key accounted for (see :mod:`~digest_cleanup.kinds.s3_delete`)."""
-        return Deletion(self).delete(items, cutoff, conditions)
+        return Deletion(self).delete(keys, cutoff, conditions)
 
     def remaining(self, cutoff: datetime) -> int:
         return sum(len(page.expired) for page in self.scan(cutoff))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from digest_cleanup.errors import ItemError, PermanentError, TransientError
+from digest_cleanup.errors import PermanentError, StoreError, TransientError
 from digest_cleanup.kinds.base import Finding
 
 #: Where the probe object lives: at the bucket's root, outside every target prefix.
@@ -108,7 +108,7 @@ def _probe_conditional_deletes(kind: Any, mapped_errors: Any) -> list[Finding]:
                     Bucket=bucket, Delete={"Objects": [{"Key": key, "ETag": etag}], "Quiet": False}
                 )
                 deleted_on_match = not _exists(client, bucket, key, mapped_errors)
-    except ItemError as exc:
+    except StoreError as exc:
         return [Finding(name, "problem", f"{exc.code}: {exc.message} ({needs})")]
     finally:
         cleanup = _remove_probe(client, bucket, key, mapped_errors)
@@ -180,6 +180,6 @@ def _remove_probe(client: Any, bucket: str, key: str, mapped_errors: Any) -> str
             ]
             if versions:
                 client.delete_objects(Bucket=bucket, Delete={"Objects": versions, "Quiet": True})
-    except ItemError as exc:
+    except StoreError as exc:
         return f"could not remove every version of the probe {key!r}: {exc.code}: {exc.message}"
     return ""

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from digest_cleanup.errors import ItemError, PermanentError, TransientError
-from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, ItemResult, Outcome
+from digest_cleanup.errors import PermanentError, StoreError, TransientError
+from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, KeyResult, Outcome
 from digest_cleanup.kinds.s3_client import TRANSIENT_CODES, aware, mapped_errors
 
 if TYPE_CHECKING:
     from digest_cleanup.kinds.s3 import S3Kind
 
-#: Separates key and version id in a ``versions = "all"`` item.  Version ids never
+#: Separates key and version id in a ``versions = "all"`` key.  Version ids never
 #: contain it, so ``rpartition`` splits correctly even when a key does.
 VERSION_SEPARATOR = "?versionId="
 #: Characters XML 1.0 cannot carry in a DeleteObjects body, plus the carriage
@@ -48,13 +48,13 @@ class Deletion:
         return self.kind.client
 
     def delete(
-        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
-    ) -> list[ItemResult]:
-        """Delete ``items`` of the kind's target; one result per item, in order."""
-        batch = Batch(items, conditions if self.options.conditional_deletes else ())
+        self, keys: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[KeyResult]:
+        """Delete ``keys`` of the kind's target; one result per key, in order."""
+        batch = Batch(keys, conditions if self.options.conditional_deletes else ())
         self._resolve_missing_conditions(batch, cutoff)
         self._refuse_null_versions(batch)
-        unsafe = [i for i in batch.open() if _NOT_XML_SAFE.search(self._key(batch.items[i]))]
+        unsafe = [i for i in batch.open() if _NOT_XML_SAFE.search(self._key(batch.keys[i]))]
         in_body = [i for i in batch.open() if i not in unsafe]
         if in_body:
             self._delete_objects(batch, in_body)
@@ -64,7 +64,7 @@ class Deletion:
 
     def _delete_objects(self, batch: Batch, indexes: list[int]) -> None:
         """One DeleteObjects request; every key must come back deleted or as an error."""
-        objects = [self._identifier(batch.items[i], batch.condition(i)) for i in indexes]
+        objects = [self._identifier(batch.keys[i], batch.condition(i)) for i in indexes]
         sent = {(o["Key"], o.get("VersionId")): i for o, i in zip(objects, indexes, strict=True)}
         try:
             with mapped_errors():
@@ -89,7 +89,7 @@ class Deletion:
 
     def _delete_one(self, batch: Batch, index: int) -> None:
         """DeleteObject for a key an XML body cannot carry: the key travels in the URL."""
-        ident = self._identifier(batch.items[index], "")
+        ident = self._identifier(batch.keys[index], "")
         condition = batch.condition(index)
         if condition:
             ident["IfMatch"] = condition
@@ -110,16 +110,16 @@ class Deletion:
         index: int,
         code: str,
         message: str,
-        exc: ItemError | None = None,
+        exc: StoreError | None = None,
     ) -> None:
-        item = batch.items[index]
+        key = batch.keys[index]
         if code in GONE_CODES:
             batch.set(index, Outcome.DELETED)
         elif code == PRECONDITION_FAILED:
             # Rewritten since the listing -- or already gone, which some servers
             # answer the same way: only a look tells the two apart.
             self._recheck(batch, index, PRECONDITION_FAILED, message)
-        elif code == "AccessDenied" and self._all_versions and self._is_locked(item):
+        elif code == "AccessDenied" and self._all_versions and self._is_locked(key):
             batch.set(index, Outcome.PERMANENT, "locked", message or "object lock")
         elif code in TRANSIENT_CODES or isinstance(exc, TransientError):
             retry_after = exc.retry_after if exc is not None else None
@@ -129,7 +129,7 @@ class Deletion:
 
     def _recheck(self, batch: Batch, index: int, code: str, message: str) -> None:
         """Settle an unconfirmed delete by looking: gone, changed since listing, or retry."""
-        ident = self._identifier(batch.items[index], "")
+        ident = self._identifier(batch.keys[index], "")
         try:
             with mapped_errors():
                 head = self.client.head_object(Bucket=self.options.bucket, **ident)
@@ -151,10 +151,10 @@ class Deletion:
             batch.set(index, Outcome.TRANSIENT, code, f"{message}; still present, retried")
 
     def _resolve_missing_conditions(self, batch: Batch, cutoff: datetime) -> None:
-        """Look up the ETag of a current-version item that came without one.
+        """Look up the ETag of a current-version key that came without one.
 
         Only a batch from before conditions existed, or a dead letter made then,
-        lacks them.  The item is deleted on the ETag found, and only when the
+        lacks them.  The key is deleted on the ETag found, and only when the
         object found is older than the cutoff.
         """
         if self._all_versions or not self.options.conditional_deletes:
@@ -165,7 +165,7 @@ class Deletion:
             try:
                 with mapped_errors():
                     head = self.client.head_object(
-                        Bucket=self.options.bucket, Key=batch.items[index]
+                        Bucket=self.options.bucket, Key=batch.keys[index]
                     )
             except (TransientError, PermanentError) as exc:
                 if exc.code in GONE_CODES:
@@ -187,7 +187,7 @@ class Deletion:
         """Refuse ``null`` versions unless versioning is enabled (there they never change)."""
         if not self._all_versions:
             return
-        null = [i for i in batch.open() if batch.items[i].endswith(f"{VERSION_SEPARATOR}null")]
+        null = [i for i in batch.open() if batch.keys[i].endswith(f"{VERSION_SEPARATOR}null")]
         if not null:
             return
         try:
@@ -197,18 +197,18 @@ class Deletion:
             for index in null:
                 batch.set(index, outcome, exc.code, exc.message)
 
-    def _identifier(self, item: str, condition: str = "") -> dict[str, str]:
+    def _identifier(self, key: str, condition: str = "") -> dict[str, str]:
         if self._all_versions:
-            key, _, version = item.rpartition(VERSION_SEPARATOR)
-            return {"Key": key, "VersionId": version}
-        return {"Key": item, "ETag": condition} if condition else {"Key": item}
+            base, _, version = key.rpartition(VERSION_SEPARATOR)
+            return {"Key": base, "VersionId": version}
+        return {"Key": key, "ETag": condition} if condition else {"Key": key}
 
-    def _key(self, item: str) -> str:
-        return item.rpartition(VERSION_SEPARATOR)[0] if self._all_versions else item
+    def _key(self, key: str) -> str:
+        return key.rpartition(VERSION_SEPARATOR)[0] if self._all_versions else key
 
-    def _is_locked(self, item: str) -> bool:
+    def _is_locked(self, key: str) -> bool:
         """Tell an Object Lock or legal hold apart from a plain AccessDenied."""
-        ident = self._identifier(item)
+        ident = self._identifier(key)
         try:
             hold = self.client.get_object_legal_hold(Bucket=self.options.bucket, **ident)
             if hold.get("LegalHold", {}).get("Status") == "ON":
@@ -224,20 +224,20 @@ class Deletion:
 
 
 class Batch:
-    """One delete call's items, their conditions, and what became of each so far."""
+    """One delete call's keys, their conditions, and what became of each so far."""
 
-    def __init__(self, items: Sequence[str], conditions: Sequence[str]) -> None:
-        self.items = list(items)
-        self.conditions = list(conditions) or [""] * len(self.items)
-        if len(self.conditions) != len(self.items):
-            raise ValueError(f"{len(self.conditions)} conditions for {len(self.items)} items")
-        self.done: dict[int, ItemResult] = {}
+    def __init__(self, keys: Sequence[str], conditions: Sequence[str]) -> None:
+        self.keys = list(keys)
+        self.conditions = list(conditions) or [""] * len(self.keys)
+        if len(self.conditions) != len(self.keys):
+            raise ValueError(f"{len(self.conditions)} conditions for {len(self.keys)} keys")
+        self.done: dict[int, KeyResult] = {}
 
     def condition(self, index: int) -> str:
         return self.conditions[index]
 
     def open(self) -> list[int]:
-        return [i for i in range(len(self.items)) if i not in self.done]
+        return [i for i in range(len(self.keys)) if i not in self.done]
 
     def set(
         self,
@@ -247,11 +247,11 @@ class Batch:
         message: str = "",
         retry_after: float | None = None,
     ) -> None:
-        self.done[index] = ItemResult(self.items[index], outcome, code, message, retry_after)
+        self.done[index] = KeyResult(self.keys[index], outcome, code, message, retry_after)
 
-    def fail(self, index: int, exc: ItemError) -> None:
+    def fail(self, index: int, exc: StoreError) -> None:
         outcome = Outcome.TRANSIENT if isinstance(exc, TransientError) else Outcome.PERMANENT
         self.set(index, outcome, exc.code, exc.message, exc.retry_after)
 
-    def results(self) -> list[ItemResult]:
-        return [self.done[i] for i in range(len(self.items))]
+    def results(self) -> list[KeyResult]:
+        return [self.done[i] for i in range(len(self.keys))]

@@ -139,15 +139,15 @@ def _merged(
             lister.start(shard, *shards.listing(shard, state.open.get(shard)))
         waiting = todo[LIST_SHARDS:]
         while lister.active:
-            shard, item = lister.next()
-            if item is _DONE:
+            shard, key = lister.next()
+            if key is _DONE:
                 _close(state, shard, shards.ids)
                 if waiting:
                     nxt = waiting.pop(0)
                     lister.start(nxt, *shards.listing(nxt, state.open.get(nxt)))
                 continue
-            state.open[shard] = item[-1]["Key"]
-            yield item, state.encode()
+            state.open[shard] = key[-1]["Key"]
+            yield key, state.encode()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,12 +257,12 @@ class _Lister:
 
     def next(self) -> tuple[str, Any]:
         """The next page from any sub-prefix, or its end; a listing error is raised here."""
-        sub, item = self.out.get()
-        if item is _DONE:
+        sub, key = self.out.get()
+        if key is _DONE:
             self.active.discard(sub)
-        elif isinstance(item, BaseException):
-            raise item
-        return sub, item
+        elif isinstance(key, BaseException):
+            raise key
+        return sub, key
 
     def _produce(
         self, shard: str, prefix: str, start_after: str | None, through: str | None
@@ -278,11 +278,11 @@ class _Lister:
             return
         self._put(shard, _DONE)
 
-    def _put(self, sub: str, item: Any) -> bool:
-        """Queue ``item`` unless the listing was dropped; False once it was."""
+    def _put(self, sub: str, key: Any) -> bool:
+        """Queue ``key`` unless the listing was dropped; False once it was."""
         while not self.stop.is_set():
             try:
-                self.out.put((sub, item), timeout=_POLL_SECONDS)
+                self.out.put((sub, key), timeout=_POLL_SECONDS)
                 return True
             except queue.Full:
                 continue

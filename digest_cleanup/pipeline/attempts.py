@@ -23,7 +23,7 @@ from typing import Any
 
 from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import PoisonMessage, RefusedBatch
-from digest_cleanup.kinds import ItemResult, Outcome
+from digest_cleanup.kinds import KeyResult, Outcome
 from digest_cleanup.logs import log_event
 from digest_cleanup.pipeline.batch_checks import check_batch
 from digest_cleanup.pipeline.batches import (
@@ -77,7 +77,7 @@ def process(runtime: Runtime, raw: Any, task_id: str) -> BatchReport:
         return _dead_whole(runtime, payload, task_id, started, "worker_lost", lost, "")
 
     t0 = time.monotonic()
-    results = kind.delete(payload.items, payload.cutoff_datetime(), payload.conditions)
+    results = kind.delete(payload.keys, payload.cutoff_datetime(), payload.conditions)
     delete_seconds = time.monotonic() - t0
     decided = decide(results, payload.attempt, settings.max_retries)
     return _follow_up_and_record(
@@ -129,7 +129,7 @@ def _refuse(
     code, message = refused.code, refused.message
     if current:
         return _dead_whole(runtime, payload, task_id, started, code, message, message)
-    dead = {i: ItemResult(i, Outcome.PERMANENT, code, message) for i in payload.items}
+    dead = {i: KeyResult(i, Outcome.PERMANENT, code, message) for i in payload.keys}
     letter = make_entry(payload, dead, code, message)
     entry_id = letter.entry_id
     runtime.dispatcher.send_dead_letter(letter)
@@ -155,8 +155,8 @@ def _dead_whole(
     message: str,
     entry_message: str,
 ) -> BatchReport:
-    """Dead-letter every item of the batch with one code, and record it against its run."""
-    dead = [ItemResult(i, Outcome.PERMANENT, code, message) for i in payload.items]
+    """Dead-letter every key of the batch with one code, and record it against its run."""
+    dead = [KeyResult(i, Outcome.PERMANENT, code, message) for i in payload.keys]
     return _follow_up_and_record(
         runtime,
         payload,
@@ -260,8 +260,8 @@ def _batch_record(
         latency=latency,
         service_seconds=time.monotonic() - started if delete_seconds else None,
         delete_seconds=delete_seconds,
-        items=len(payload.items),
-        skipped_items=[(r.item, r.code, r.message) for r in decided.skipped_items],
+        keys=len(payload.keys),
+        skipped_keys=[(r.key, r.code, r.message) for r in decided.skipped_keys],
     )
 
 

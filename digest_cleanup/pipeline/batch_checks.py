@@ -26,10 +26,10 @@ def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
     except TargetsFileError as exc:
         raise RefusedBatch("unknown_target", f"{exc}; nothing in the batch was deleted") from None
     kind = runtime.kind(target.name)
-    if len(payload.items) > kind.max_batch_size:
+    if len(payload.keys) > kind.max_batch_size:
         raise RefusedBatch(
             "too_many_keys",
-            f"{len(payload.items)} items; one {target.kind} delete takes at most "
+            f"{len(payload.keys)} keys; one {target.kind} delete takes at most "
             f"{kind.max_batch_size}",
         )
     if payload.scope != kind.scope_digest:
@@ -41,11 +41,11 @@ def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
             "and redrive, or purge this entry: the target's next run lists it afresh",
         )
     # Scope first: a key outside the target is refused whatever else the message claims.
-    for item in payload.items:
-        reason = kind.out_of_scope(item)
+    for key in payload.keys:
+        reason = kind.out_of_scope(key)
         if reason is not None:
             raise RefusedBatch(
-                "out_of_scope", f"an item is {reason}; nothing in the batch was deleted"
+                "out_of_scope", f"a key is {reason}; nothing in the batch was deleted"
             )
     try:
         target.check_cutoff(payload.cutoff_datetime())

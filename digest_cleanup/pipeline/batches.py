@@ -29,13 +29,13 @@ from typing import Any
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PoisonMessage
-from digest_cleanup.kinds import ItemResult, Outcome
+from digest_cleanup.kinds import KeyResult, Outcome
 
-#: The most items a batch message may carry, whatever the target says: a larger
+#: The most keys a batch message may carry, whatever the target says: a larger
 #: message is poison (a forged or corrupted one), never split and deleted.
-MAX_MESSAGE_ITEMS = 1000
-#: The longest item accepted in a message (S3 keys are at most 1024 bytes).
-MAX_ITEM_LENGTH = 1024
+MAX_MESSAGE_KEYS = 1000
+#: The longest key accepted in a message (S3 keys are at most 1024 bytes).
+MAX_KEY_LENGTH = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,11 +47,11 @@ class BatchPayload:
     batch_id: str
     seq: int
     cutoff: str
-    items: list[str]
+    keys: list[str]
     attempt: int = 0
     generation: int = 0
     published_at: float = 0.0
-    #: Errors seen on earlier attempts, by item: ``[code, message]``.
+    #: Errors seen on earlier attempts, by key: ``[code, message]``.
     failures: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     first_failure_at: str = ""
     #: Present on a dead-letter entry: why it is there, and its id.
@@ -59,7 +59,7 @@ class BatchPayload:
     #: The run incarnation this batch belongs to: a batch from before a Redis restart or
     #: a run restart carries an old token and is refused rather than counted in a new run.
     run_token: str = ""
-    #: One delete condition per item (see :class:`~digest_cleanup.kinds.Page`), or none.
+    #: One delete condition per key (see :class:`~digest_cleanup.kinds.Page`), or none.
     conditions: list[str] = dataclasses.field(default_factory=list)
     #: The digest of the target's scope when the batch was listed; a worker whose
     #: target differs now refuses the batch (``target_changed``).
@@ -70,11 +70,11 @@ class BatchPayload:
         """The key that makes recording this attempt happen once."""
         return f"{self.batch_id}/g{self.generation}/a{self.attempt}"
 
-    def subset(self, items: Sequence[str], **changes: Any) -> BatchPayload:
-        """The same batch for some of its items, each keeping its own condition."""
-        by_item = dict(zip(self.items, self.conditions, strict=True)) if self.conditions else {}
-        conditions = [by_item[i] for i in items] if by_item else []
-        return dataclasses.replace(self, items=list(items), conditions=conditions, **changes)
+    def subset(self, keys: Sequence[str], **changes: Any) -> BatchPayload:
+        """The same batch for some of its keys, each keeping its own condition."""
+        by_key = dict(zip(self.keys, self.conditions, strict=True)) if self.conditions else {}
+        conditions = [by_key[i] for i in keys] if by_key else []
+        return dataclasses.replace(self, keys=list(keys), conditions=conditions, **changes)
 
     def cutoff_datetime(self) -> datetime:
         return datetime.fromisoformat(self.cutoff)
@@ -86,7 +86,7 @@ class BatchPayload:
         ``statements 2026-10-23 batch 17/240 (500 keys)``.
         """
         seq = f"{self.seq}/{of}" if of else str(self.seq)
-        label = f"{self.target} {self.cutoff[:10]} batch {seq} ({len(self.items)} keys)"
+        label = f"{self.target} {self.cutoff[:10]} batch {seq} ({len(self.keys)} keys)"
         if self.generation:
             label += f" redrive {self.generation}"
         if self.attempt:
@@ -94,22 +94,22 @@ class BatchPayload:
         return label
 
     def to_message(self) -> dict[str, Any]:
-        """Encode for the wire, folding the items' common prefix.
+        """Encode for the wire, folding the keys' common prefix.
 
         Field by field rather than :func:`dataclasses.asdict`, which deep-copies
-        every item string: the sweep encodes every batch of a run.  The two
+        every key string: the sweep encodes every batch of a run.  The two
         dicts are copied whole, so a caller that edits the message leaves the
         payload be.
         """
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["failures"] = {k: list(v) for k, v in self.failures.items()}
         data["dead_letter"] = copy.deepcopy(self.dead_letter)
-        items = data.pop("items")
+        keys = data.pop("keys")
         data["conditions"] = list(self.conditions)
         # Character-wise on purpose: keys share more than whole path segments.
-        base = os.path.commonprefix(items) if len(items) > 1 else ""  # noqa: RUF071
+        base = os.path.commonprefix(keys) if len(keys) > 1 else ""  # noqa: RUF071
         data["base"] = base
-        data["rest"] = [i[len(base) :] for i in items]
+        data["rest"] = [i[len(base) :] for i in keys]
         return {k: v for k, v in data.items() if v not in ({}, "", []) or k in ("base", "rest")}
 
     @classmethod
@@ -121,22 +121,22 @@ class BatchPayload:
             base, rest = raw["base"], raw["rest"]
             if not isinstance(base, str) or not isinstance(rest, list):
                 raise TypeError("base must be a string and rest a list")
-            if len(rest) > MAX_MESSAGE_ITEMS:
+            if len(rest) > MAX_MESSAGE_KEYS:
                 raise PoisonMessage(
                     "too_many_keys",
-                    f"{len(rest)} items; one delete request takes at most {MAX_MESSAGE_ITEMS}",
+                    f"{len(rest)} keys; one delete request takes at most {MAX_MESSAGE_KEYS}",
                 )
             if not all(isinstance(r, str) for r in rest):
-                raise TypeError("every item must be a string")
+                raise TypeError("every key must be a string")
             # Measured before joining: a forged 10 MB base joined to 1000 rests is 10 GB.
-            if any(len(base) + len(r) > MAX_ITEM_LENGTH for r in rest):
-                raise TypeError(f"an item is longer than {MAX_ITEM_LENGTH} characters")
-            items = [base + r for r in rest]
-            fields = {f.name for f in dataclasses.fields(cls)} - {"items"}
+            if any(len(base) + len(r) > MAX_KEY_LENGTH for r in rest):
+                raise TypeError(f"a key is longer than {MAX_KEY_LENGTH} characters")
+            keys = [base + r for r in rest]
+            fields = {f.name for f in dataclasses.fields(cls)} - {"keys"}
             unknown = set(raw) - fields - {"base", "rest"}
             if unknown:
                 raise TypeError(f"unknown fields {sorted(unknown)}")
-            payload = cls(items=items, **{k: v for k, v in raw.items() if k in fields})
+            payload = cls(keys=keys, **{k: v for k, v in raw.items() if k in fields})
             for name, typ in (("run_id", str), ("target", str), ("batch_id", str), ("cutoff", str)):
                 if not isinstance(getattr(payload, name), typ) or not getattr(payload, name):
                     raise TypeError(f"{name} must be a non-empty string")
@@ -145,8 +145,8 @@ class BatchPayload:
             conditions = payload.conditions
             if not isinstance(conditions, list) or not all(isinstance(c, str) for c in conditions):
                 raise TypeError("conditions must be a list of strings")
-            if conditions and len(conditions) != len(items):
-                raise TypeError(f"{len(conditions)} conditions for {len(items)} items")
+            if conditions and len(conditions) != len(keys):
+                raise TypeError(f"{len(conditions)} conditions for {len(keys)} keys")
             payload.cutoff_datetime()
         except PoisonMessage:
             raise
@@ -161,13 +161,13 @@ class Decision:
 
     deleted: int = 0
     skipped: int = 0
-    #: The items left alone on purpose (rewritten since listing), with why.
-    skipped_items: list[ItemResult] = dataclasses.field(default_factory=list)
-    #: Items to try again, with the error they failed with.
-    retry: dict[str, ItemResult] = dataclasses.field(default_factory=dict)
-    #: Items to dead-letter, with the error they failed with.
-    dead: dict[str, ItemResult] = dataclasses.field(default_factory=dict)
-    #: The longest ``Retry-After`` any failing item asked for.
+    #: The keys left alone on purpose (rewritten since listing), with why.
+    skipped_keys: list[KeyResult] = dataclasses.field(default_factory=list)
+    #: Keys to try again, with the error they failed with.
+    retry: dict[str, KeyResult] = dataclasses.field(default_factory=dict)
+    #: Keys to dead-letter, with the error they failed with.
+    dead: dict[str, KeyResult] = dataclasses.field(default_factory=dict)
+    #: The longest ``Retry-After`` any failing key asked for.
     retry_after: float | None = None
 
     def codes(self) -> dict[str, int]:
@@ -177,21 +177,21 @@ class Decision:
         return counts
 
 
-def decide(results: Sequence[ItemResult], attempt: int, max_retries: int) -> Decision:
-    """Sort per-item results into done, retry and dead letter."""
+def decide(results: Sequence[KeyResult], attempt: int, max_retries: int) -> Decision:
+    """Sort per-key results into done, retry and dead letter."""
     out = Decision()
     for result in results:
         if result.outcome is Outcome.DELETED:
             out.deleted += 1
         elif result.outcome is Outcome.SKIPPED:
             out.skipped += 1
-            out.skipped_items.append(result)
+            out.skipped_keys.append(result)
         elif result.outcome is Outcome.TRANSIENT and attempt < max_retries:
-            out.retry[result.item] = result
+            out.retry[result.key] = result
             if result.retry_after is not None:
                 out.retry_after = max(out.retry_after or 0.0, result.retry_after)
         else:
-            out.dead[result.item] = result
+            out.dead[result.key] = result
     return out
 
 
@@ -216,7 +216,7 @@ def batch_id(run_id: str, seq: int) -> str:
 def batch_total(run: Mapping[str, str] | None, seq: int) -> str:
     """The run's batch count for a label: exact once the sweep is done, ``~N`` before.
 
-    While the sweep streams, only the guard pass's count of expired items is
+    While the sweep streams, only the guard pass's count of expired keys is
     known, so the total is an estimate and says so; without one it is left out.
     """
     if not run:
@@ -237,11 +237,11 @@ class BatchRecord:
     deleted: int = 0
     dead_lettered: int = 0
     skipped: int = 0
-    #: 1 when this attempt published a retry for some of its items.
+    #: 1 when this attempt published a retry for some of its keys.
     retries: int = 0
-    #: Failing items by error code (retried or dead-lettered).
+    #: Failing keys by error code (retried or dead-lettered).
     codes: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    #: Error codes of the items this attempt retried, for the retries-by-code metric.
+    #: Error codes of the keys this attempt retried, for the retries-by-code metric.
     retried_codes: Sequence[str] = ()
     #: True when nothing of this batch is left in flight after this attempt.
     terminal: bool = True
@@ -249,13 +249,13 @@ class BatchRecord:
     first_generation: bool = True
     #: Seconds from publish to acknowledgement, for the latency histogram.
     latency: float | None = None
-    #: Wall seconds of the whole attempt and of the store's delete call, with the item
+    #: Wall seconds of the whole attempt and of the store's delete call, with the key
     #: count: the service times capacity planning and the benchmark read.
     service_seconds: float | None = None
     delete_seconds: float = 0.0
-    items: int = 0
-    #: The items this attempt left alone on purpose, as ``(item, code, message)``.
-    skipped_items: Sequence[tuple[str, str, str]] = ()
+    keys: int = 0
+    #: The keys this attempt left alone on purpose, as ``(key, code, message)``.
+    skipped_keys: Sequence[tuple[str, str, str]] = ()
 
 
 @dataclasses.dataclass

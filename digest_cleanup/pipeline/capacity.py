@@ -1,18 +1,18 @@
 """Capacity planning from measured service times: how many delete slots a window needs.
 
 Every batch attempt records its wall time, the time of its delete call and its
-item count in the run store (:meth:`~digest_cleanup.pipeline.runs.RunStore.timings`).
-From those, for ``artifacts`` items to be deleted within ``window`` seconds:
+key count in the run store (:meth:`~digest_cleanup.pipeline.runs.RunStore.timings`).
+From those, for ``artifacts`` keys to be deleted within ``window`` seconds:
 
-* per-item service time ``t`` = total attempt seconds / total items attempted
-  (weighted by items, so a short final batch does not skew it);
+* per-key service time ``t`` = total attempt seconds / total keys attempted
+  (weighted by keys, so a short final batch does not skew it);
 * batch service time ``S = t * batch_size``, arrival rate
   ``λ = artifacts / batch_size / window`` batches/s;
 * consumers (delete slots: pool processes or threads) =
   ``λ * S / utilization``, rounded up.
 
 The utilization target leaves headroom for retries, a slow store and the guard
-pass, which lists every item before the first delete.  Two warnings come with a
+pass, which lists every key before the first delete.  Two warnings come with a
 plan: the delete rate the slots would reach at full speed past S3's documented
 3,500 DELETE requests per second per prefix (S3 answers ``SlowDown``), and a
 p99 batch time too close to the broker's visibility timeout (past it, Redis hands
@@ -51,8 +51,8 @@ class ServiceTimes:
     """Batch attempt times measured in recent runs."""
 
     attempts: int
-    items: int
-    #: Seconds per item, weighted by items.
+    keys: int
+    #: Seconds per key, weighted by keys.
     per_item: float
     #: Whole-attempt seconds: median, p95, p99.
     median: float
@@ -64,7 +64,7 @@ class ServiceTimes:
 
     @classmethod
     def from_timings(cls, rows: Sequence[tuple[float, float, int]]) -> ServiceTimes:
-        """Summarise ``(attempt s, delete s, items)`` rows; raises :class:`NoMeasurements`."""
+        """Summarise ``(attempt s, delete s, keys)`` rows; raises :class:`NoMeasurements`."""
         useful = [(a, d, n) for a, d, n in rows if n > 0 and a > 0]
         if not useful:
             raise NoMeasurements(
@@ -72,11 +72,11 @@ class ServiceTimes:
                 "(digest-cleanup run TARGET --wait) and plan from its measurements"
             )
         attempts = sorted(a for a, _, _ in useful)
-        items = sum(n for *_, n in useful)
+        keys = sum(n for *_, n in useful)
         return cls(
             attempts=len(useful),
-            items=items,
-            per_item=sum(attempts) / items,
+            keys=keys,
+            per_item=sum(attempts) / keys,
             median=statistics.median(attempts),
             p95=_quantile(attempts, 0.95),
             p99=_quantile(attempts, 0.99),
@@ -95,7 +95,7 @@ class Plan:
     batch_size: int
     service: ServiceTimes
     batches: int
-    #: Seconds one batch of ``batch_size`` items keeps a slot busy.
+    #: Seconds one batch of ``batch_size`` keys keeps a slot busy.
     batch_seconds: float
     batches_per_second: float
     deletes_per_second: float
@@ -124,7 +124,7 @@ def plan(
     utilization: float = DEFAULT_UTILIZATION,
     per_worker: int = DEFAULT_PER_WORKER,
 ) -> Plan:
-    """Size the delete slots for ``artifacts`` items in ``window_seconds``."""
+    """Size the delete slots for ``artifacts`` keys in ``window_seconds``."""
     if artifacts < 1:
         raise UsageError(f"--artifacts: {artifacts} must be at least 1")
     if window_seconds <= 0:

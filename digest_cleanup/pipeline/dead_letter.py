@@ -20,14 +20,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from digest_cleanup.clock import now_iso
-from digest_cleanup.kinds import ItemResult
-from digest_cleanup.pipeline.batches import MAX_ITEM_LENGTH, MAX_MESSAGE_ITEMS, BatchPayload
+from digest_cleanup.kinds import KeyResult
+from digest_cleanup.pipeline.batches import MAX_KEY_LENGTH, MAX_MESSAGE_KEYS, BatchPayload
 
-#: Characters of a poison message's items kept in its entry; past them the rest are
+#: Characters of a poison message's keys kept in its entry; past them the rest are
 #: counted, not stored.  A genuine batch is at most 1,000 keys of 1,024 characters, so
 #: it is always kept whole; only a forged message can be larger.
-POISON_CHARS_KEPT = 2 * MAX_MESSAGE_ITEMS * MAX_ITEM_LENGTH
-#: Items longer than any key that a poison entry shows, clipped; the rest are counted.
+POISON_CHARS_KEPT = 2 * MAX_MESSAGE_KEYS * MAX_KEY_LENGTH
+#: Keys longer than any key that a poison entry shows, clipped; the rest are counted.
 POISON_OVERSIZED_SHOWN = 50
 
 
@@ -66,13 +66,13 @@ class Entry:
         return self.payload.target if self.payload else str(self.raw_kwargs.get("target", ""))
 
     @property
-    def items(self) -> list[str]:
-        return self.payload.items if self.payload else list(self.info.get("items", []))
+    def keys(self) -> list[str]:
+        return self.payload.keys if self.payload else list(self.info.get("items", []))
 
     @property
     def key_count(self) -> int:
         """Keys the entry stands for (a poison entry keeps fewer than it counts)."""
-        return int(self.info.get("item_count", len(self.items)))
+        return int(self.info.get("item_count", len(self.keys)))
 
     @property
     def codes(self) -> set[str]:
@@ -89,14 +89,14 @@ class Entry:
             "batch_id": self.payload.batch_id if self.payload else info.get("batch_id", ""),
             "reason": info.get("reason", ""),
             "message": info.get("message", ""),
-            "key_count": int(info.get("item_count", len(self.items))),
+            "key_count": int(info.get("item_count", len(self.keys))),
             "keys": [
                 {
-                    "key": item,
-                    "code": errors.get(item, [info.get("reason", ""), ""])[0],
-                    "message": errors.get(item, ["", info.get("message", "")])[1],
+                    "key": key,
+                    "code": errors.get(key, [info.get("reason", ""), ""])[0],
+                    "message": errors.get(key, ["", info.get("message", "")])[1],
                 }
-                for item in self.items
+                for key in self.keys
             ],
             "attempts": info.get("attempts", 0),
             "first_failure_at": info.get("first_failure_at", ""),
@@ -107,11 +107,11 @@ class Entry:
 
 
 def make_entry(
-    payload: BatchPayload, dead: Mapping[str, ItemResult], reason: str, message: str = ""
+    payload: BatchPayload, dead: Mapping[str, KeyResult], reason: str, message: str = ""
 ) -> DeadLetter:
-    """The dead-letter entry for the failed items of one attempt: a ready-made redrive."""
+    """The dead-letter entry for the failed keys of one attempt: a ready-made redrive."""
     now = now_iso("seconds")
-    errors = {item: [r.code, r.message[:500]] for item, r in dead.items()}
+    errors = {key: [r.code, r.message[:500]] for key, r in dead.items()}
     if not message:
         counts = Counter(r.code for r in dead.values())
         message = ", ".join(f"{code} x{n}" for code, n in counts.most_common())
@@ -141,22 +141,22 @@ def make_poison_entry(task_id: str, raw: Any, reason: str, message: str) -> Dead
     raw_map: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     rest: list[Any] = raw_map["rest"] if isinstance(raw_map.get("rest"), list) else []
     base: str = raw_map["base"] if isinstance(raw_map.get("base"), str) else ""
-    # Clipped: a forged message may carry megabytes per item, and the entry must stay small.
-    items: list[str] = []
+    # Clipped: a forged message may carry megabytes per key, and the entry must stay small.
+    keys: list[str] = []
     budget, oversized = POISON_CHARS_KEPT, 0
     for r in rest:
         if not isinstance(r, str):
             continue
-        if len(base) + len(r) > MAX_ITEM_LENGTH:
+        if len(base) + len(r) > MAX_KEY_LENGTH:
             # Longer than any S3 key, so not a key: a few are shown, clipped, as evidence.
             oversized += 1
             if oversized > POISON_OVERSIZED_SHOWN:
                 continue
-        item = _clip(base, r)
-        budget -= len(item)
+        key = _clip(base, r)
+        budget -= len(key)
         if budget < 0:
             break
-        items.append(item)
+        keys.append(key)
     now = now_iso("seconds")
     entry_id = f"dl-poison-{task_id}"
     body = {
@@ -166,7 +166,7 @@ def make_poison_entry(task_id: str, raw: Any, reason: str, message: str) -> Dead
             "entry_id": entry_id,
             "reason": reason,
             "message": message[:500],
-            "items": items,
+            "items": keys,
             "item_count": len(rest),
             "errors": {},
             "attempts": 1,
@@ -191,9 +191,9 @@ def index_headers(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def keys_digest(items: Iterable[str]) -> str:
+def keys_digest(keys: Iterable[str]) -> str:
     """A short digest of an entry's keys: copies share it, other keys do not."""
-    return hashlib.sha256("\n".join(sorted(items)).encode()).hexdigest()[:16]
+    return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
 
 
 def decode_entry(raw: bytes | str) -> Entry:
@@ -225,11 +225,11 @@ def decode_entry(raw: bytes | str) -> Entry:
 
 
 def _clip(base: str, rest: str) -> str:
-    """``base + rest`` cut to :data:`MAX_ITEM_LENGTH`, without building the whole string."""
-    if len(base) + len(rest) <= MAX_ITEM_LENGTH:
+    """``base + rest`` cut to :data:`MAX_KEY_LENGTH`, without building the whole string."""
+    if len(base) + len(rest) <= MAX_KEY_LENGTH:
         return base + rest
     whole = len(base) + len(rest)
-    return (base[:MAX_ITEM_LENGTH] + rest[:MAX_ITEM_LENGTH])[:MAX_ITEM_LENGTH] + (
+    return (base[:MAX_KEY_LENGTH] + rest[:MAX_KEY_LENGTH])[:MAX_KEY_LENGTH] + (
         f"...({whole} characters)"
     )
 

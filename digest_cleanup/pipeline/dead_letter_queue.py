@@ -128,7 +128,7 @@ class DeadLetterQueue:
     def _absorb_one(self, raw: bytes) -> int:
         """Index one message the bulk script left: no headers, or keys to merge."""
         entry = decode_entry(raw)
-        digest = keys_digest(entry.items) if entry.payload else keys_digest([raw.decode()])
+        digest = keys_digest(entry.keys) if entry.payload else keys_digest([raw.decode()])
         index = self._index_keys(entry.run_id, entry.target)
         entries, _, copies, stats, digests = index[:5]
         args: list[str | int | float | bytes] = [raw, entry.id, time.time(), entry.key_count,
@@ -142,7 +142,7 @@ class DeadLetterQueue:
         merged, added = _merged(existing, raw)
         done = self._merge(
             keys=[self.queue, entries, stats, digests, copies],
-            args=[raw, entry.id, existing, merged, keys_digest(decode_entry(merged).items), added],
+            args=[raw, entry.id, existing, merged, keys_digest(decode_entry(merged).keys), added],
         )
         return int(done)
 
@@ -293,20 +293,20 @@ def _merged(existing: bytes, incoming: bytes) -> tuple[str, int]:
     old, new = decode_entry(existing).payload, decode_entry(incoming).payload
     if old is None or new is None:
         return existing.decode(), 0
-    have = set(old.items)
-    extra = [i for i in new.items if i not in have]
-    conditions = dict(zip(new.items, new.conditions, strict=True)) if new.conditions else {}
+    have = set(old.keys)
+    extra = [i for i in new.keys if i not in have]
+    conditions = dict(zip(new.keys, new.conditions, strict=True)) if new.conditions else {}
     payload = old.subset(
-        [*old.items, *extra],
+        [*old.keys, *extra],
         dead_letter={
             **old.dead_letter,
             "errors": {**new.dead_letter.get("errors", {}), **old.dead_letter.get("errors", {})},
         },
     )
     if old.conditions or conditions:
-        mine = dict(zip(old.items, old.conditions, strict=True)) if old.conditions else {}
+        mine = dict(zip(old.keys, old.conditions, strict=True)) if old.conditions else {}
         payload = dataclasses.replace(
-            payload, conditions=[mine.get(i) or conditions.get(i, "") for i in payload.items]
+            payload, conditions=[mine.get(i) or conditions.get(i, "") for i in payload.keys]
         )
     body = json.dumps([args, payload.to_message(), embed]).encode()
     message["body"] = base64.b64encode(body).decode()

@@ -21,7 +21,7 @@ RUN_KEY_SUFFIXES = (
     "retried_codes",
     "deliveries",
     "staged",
-    "skipped_items",
+    "skipped_keys",
     "sweep_lease",
 )
 

@@ -4,7 +4,7 @@ A run starts with :func:`start` (from beat's trigger or the CLI), which opens it
 in the run store and sends its first sweep slice.  It ends with
 :func:`finish_run`: the audit report, the target's last success, the log line.
 
-The report (a summary, plus one line for every item that was not deleted and
+The report (a summary, plus one line for every key that was not deleted and
 why) goes to the audit location, see :mod:`digest_cleanup.pipeline.audit`.  It is the
 durable record: Redis state ages out, and a Redis restart may lose it sooner.
 """
@@ -204,9 +204,9 @@ def _duration(summary: dict[str, Any]) -> float | str:
 
 
 def _not_deleted(runtime: Runtime, run_id: str) -> Any:
-    """Every item the run did not delete: kept on purpose first, then dead letters."""
+    """Every key the run did not delete: kept on purpose first, then dead letters."""
 
-    for kept in runtime.store.skipped_items(run_id):
+    for kept in runtime.store.skipped_keys(run_id):
         yield {**kept, "reason": "skipped", "entry_id": ""}
 
     for entry in runtime.dead_letters.entries(run=run_id):

@@ -55,9 +55,9 @@ class TargetState:
 def oldest_pending_age(
     run: RunView | None, pending: Sequence[tuple[str, float]], now: float
 ) -> float:
-    """Seconds the oldest expired item a running run has found has waited for deletion.
+    """Seconds the oldest expired key a running run has found has waited for deletion.
 
-    While the sweep lists, items found so far have waited at most since the run
+    While the sweep lists, keys found so far have waited at most since the run
     was created; after the sweep, the oldest published batch not yet finished
     dates them.  A finished run (or a dry run, which deletes nothing) has none.
     """
@@ -70,7 +70,7 @@ def oldest_pending_age(
 
 
 def progress_ratio(run: RunView | None) -> float:
-    """Share of the run's expired items that reached an outcome, 0 to 1.
+    """Share of the run's expired keys that reached an outcome, 0 to 1.
 
     While the sweep streams, ``expired`` only counts what it has listed so far,
     so the guard pass's count (``expired_seen``) is the better denominator.

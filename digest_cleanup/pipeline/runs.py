@@ -60,7 +60,7 @@ redis.call('HINCRBY', run, 'retries', r.retries)
 redis.call('HSET', run, 'last_batch_at', ARGV[3])
 for code, n in pairs(r.codes) do redis.call('HINCRBY', codes, code, n) end
 for _, code in ipairs(r.retried) do redis.call('HINCRBY', KEYS[7], code, 1) end
-for _, line in ipairs(r.skipped_items) do redis.call('RPUSH', KEYS[8], line) end
+for _, line in ipairs(r.skipped_keys) do redis.call('RPUSH', KEYS[8], line) end
 if r.bucket ~= '' then
   redis.call('HINCRBY', hist, r.bucket, 1)
   redis.call('HINCRBY', hist, 'count', 1)
@@ -179,10 +179,10 @@ class RunStore(SweepState, TargetState):
             "latency": rec.latency or 0.0,
             "service": -1 if rec.service_seconds is None else round(rec.service_seconds, 5),
             "delete_seconds": round(rec.delete_seconds, 5),
-            "items": rec.items,
-            "skipped_items": [
+            "items": rec.keys,
+            "skipped_keys": [
                 json.dumps({"key": i, "code": c, "message": m[:500]})
-                for i, c, m in rec.skipped_items
+                for i, c, m in rec.skipped_keys
             ],
         }
         result = self._record(
@@ -194,15 +194,15 @@ class RunStore(SweepState, TargetState):
                 self.latency_key(target),
                 self.timings_key(target),
                 self.run_key(run_id, "retried_codes"),
-                self.run_key(run_id, "skipped_items"),
+                self.run_key(run_id, "skipped_keys"),
             ],
             args=[rec.claim, json.dumps(payload), now_iso()],
         )
         return as_text(result)
 
-    def skipped_items(self, run_id: str) -> Iterator[dict[str, str]]:
-        """The items the run left alone on purpose, with their code and why."""
-        for raw in self.redis.lrange(self.run_key(run_id, "skipped_items"), 0, -1):
+    def skipped_keys(self, run_id: str) -> Iterator[dict[str, str]]:
+        """The keys the run left alone on purpose, with their code and why."""
+        for raw in self.redis.lrange(self.run_key(run_id, "skipped_keys"), 0, -1):
             yield dict(json.loads(raw))
 
     def count_delivery(self, run_id: str, claim: str) -> int:
@@ -235,7 +235,7 @@ class RunStore(SweepState, TargetState):
         return {as_text(k): int(v) for k, v in raw.items()}
 
     def retried_codes(self, run_id: str) -> dict[str, int]:
-        """Batch attempts that published a retry, by the error code of the retried items."""
+        """Batch attempts that published a retry, by the error code of the retried keys."""
         raw = self.redis.hgetall(self.run_key(run_id, "retried_codes"))
         return {as_text(k): int(v) for k, v in raw.items()}
 

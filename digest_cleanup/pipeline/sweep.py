@@ -29,7 +29,7 @@ import time
 from datetime import datetime
 
 from digest_cleanup.config.targets import Target
-from digest_cleanup.errors import CutoffError, ItemError, PermanentError, RunStateError
+from digest_cleanup.errors import CutoffError, PermanentError, RunStateError, StoreError
 from digest_cleanup.kinds import TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.pipeline.batches import backoff
@@ -135,14 +135,14 @@ def on_slice_error(runtime: Runtime, run_id: str, exc: Exception) -> float | Non
         store.fail(run_id, "run_state_lost", str(exc))
         finish_run(runtime, run_id)
         return None
-    if isinstance(exc, ItemError):
+    if isinstance(exc, StoreError):
         detail = f"{exc.code}: {exc.message}"
     else:
         detail = f"{type(exc).__name__}: {exc}"
     if not isinstance(exc, PermanentError):
         errors = store.count_sweep_error(run_id)
         if errors <= settings.max_retries:
-            retry_after = exc.retry_after if isinstance(exc, ItemError) else None
+            retry_after = exc.retry_after if isinstance(exc, StoreError) else None
             countdown = backoff(errors - 1, settings, retry_after)
             log_event(
                 logger,

@@ -279,7 +279,7 @@ def _payload(sweep: Slice, seq: int, entries: list[Any]) -> BatchPayload:
         batch_id=batch_id(sweep.run_id, seq),
         seq=seq,
         cutoff=sweep.cutoff.isoformat(),
-        items=[key for key, _ in entries],
+        keys=[key for key, _ in entries],
         conditions=conditions if any(conditions) else [],
         scope=sweep.kind.scope_digest,
         published_at=time.time(),

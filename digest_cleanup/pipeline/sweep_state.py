@@ -114,7 +114,7 @@ class SweepState(Keyspace):
         return int(self.redis.hincrby(self.run_key(run_id), "sweep_errors", 1))
 
     def stage(self, run_id: str, batches: Sequence[Sequence[Any]]) -> int:
-        """Append batches of expired items to the run's staged list; returns its length.
+        """Append batches of expired keys to the run's staged list; returns its length.
 
         The guard pass stages what it counted, so publishing reads the batches back
         instead of listing the target a second time (see :mod:`digest_cleanup.pipeline.sweep`).
@@ -131,7 +131,7 @@ class SweepState(Keyspace):
         """Keep the first ``batches`` staged batches and drop the rest (all of them for 0).
 
         A guard slice that dies after staging a batch but before its checkpoint
-        leaves that batch behind; the next slice lists its items again from the
+        leaves that batch behind; the next slice lists its keys again from the
         checkpoint's cursor, so it drops the leftover first.
         """
         key = self.run_key(run_id, "staged")

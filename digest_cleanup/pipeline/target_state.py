@@ -73,10 +73,10 @@ class TargetState(Keyspace):
         return None if raw is None else as_text(raw)
 
     def timings(self, target: str, limit: int = 2000) -> list[tuple[float, float, int]]:
-        """Recent attempts of a target, newest first: (attempt s, delete s, items)."""
+        """Recent attempts of a target, newest first: (attempt s, delete s, keys)."""
         raw = self.redis.lrange(self.timings_key(target), 0, limit - 1)
         rows = []
         for line in raw:
-            service, delete, items = as_text(line).split()
-            rows.append((float(service), float(delete), int(items)))
+            service, delete, keys = as_text(line).split()
+            rows.append((float(service), float(delete), int(keys)))
         return rows

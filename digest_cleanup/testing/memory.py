@@ -1,8 +1,8 @@
 """An in-memory target kind, the seam's test double.
 
-Items live in a process-wide dict, keyed by store name, so a test can seed them,
+Keys live in a process-wide dict, keyed by store name, so a test can seed them,
 run the real sweep -> batch -> dead-letter path in-process, and inspect what
-is left.  Faults are scripted per item: a transient error for the first N
+is left.  Faults are scripted per key: a transient error for the first N
 attempts, or a permanent error for ever.
 """
 
@@ -14,14 +14,14 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
-from digest_cleanup.kinds import CHANGED_SINCE_LISTING, ItemResult, Outcome, Page, TargetKind
+from digest_cleanup.kinds import CHANGED_SINCE_LISTING, KeyResult, Outcome, Page, TargetKind
 
 _LOCK = threading.Lock()
-#: store name -> item -> last-modified time.
+#: store name -> key -> last-modified time.
 STORES: dict[str, dict[str, datetime]] = {}
-#: store name -> item -> [outcome, code, remaining times (-1 = for ever)].
+#: store name -> key -> [outcome, code, remaining times (-1 = for ever)].
 FAULTS: dict[str, dict[str, list[Any]]] = {}
-#: store name -> how many times each item was in a delete call.
+#: store name -> how many times each key was in a delete call.
 DELETE_CALLS: dict[str, dict[str, int]] = {}
 
 
@@ -35,7 +35,7 @@ class MemoryOptions:
 
 
 class MemoryKind(TargetKind):
-    """Items in a dict, expired by their timestamp."""
+    """Keys in a dict, expired by their timestamp."""
 
     name = "memory"
     Options = MemoryOptions
@@ -43,43 +43,43 @@ class MemoryKind(TargetKind):
 
     def scan(self, cutoff: datetime, start_after: str | None = None) -> Iterator[Page]:
         with _LOCK:
-            items = sorted(
+            keys = sorted(
                 (k, t)
                 for k, t in STORES.get(self.options.store, {}).items()
                 if k.startswith(self.options.prefix) and (start_after is None or k > start_after)
             )
         size = self.options.page_size
-        for i in range(0, len(items), size):
-            page = items[i : i + size]
+        for i in range(0, len(keys), size):
+            page = keys[i : i + size]
             yield Page(
                 scanned=len(page), expired=[k for k, t in page if t < cutoff], cursor=page[-1][0]
             )
 
     def delete(
-        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
-    ) -> list[ItemResult]:
+        self, keys: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[KeyResult]:
         results = []
         with _LOCK:
             store = STORES.setdefault(self.options.store, {})
             faults = FAULTS.get(self.options.store, {})
             calls = DELETE_CALLS.setdefault(self.options.store, {})
-            for item in items:
-                calls[item] = calls.get(item, 0) + 1
-                fault = faults.get(item)
+            for key in keys:
+                calls[key] = calls.get(key, 0) + 1
+                fault = faults.get(key)
                 if fault and fault[2] != 0:
                     fault[2] -= 1 if fault[2] > 0 else 0
-                    results.append(ItemResult(item, fault[0], fault[1], f"scripted {fault[1]}"))
+                    results.append(KeyResult(key, fault[0], fault[1], f"scripted {fault[1]}"))
                     continue
-                stamp = store.get(item)
+                stamp = store.get(key)
                 if stamp is not None and stamp >= cutoff:
-                    results.append(ItemResult(item, Outcome.SKIPPED, CHANGED_SINCE_LISTING))
+                    results.append(KeyResult(key, Outcome.SKIPPED, CHANGED_SINCE_LISTING))
                     continue
-                store.pop(item, None)
-                results.append(ItemResult(item, Outcome.DELETED))
+                store.pop(key, None)
+                results.append(KeyResult(key, Outcome.DELETED))
         return results
 
-    def out_of_scope(self, item: str) -> str | None:
-        if not item.startswith(self.options.prefix):
+    def out_of_scope(self, key: str) -> str | None:
+        if not key.startswith(self.options.prefix):
             return f"outside the target prefix {self.options.prefix!r}"
         return None
 
@@ -87,16 +87,16 @@ class MemoryKind(TargetKind):
         return f"memory://{self.options.store}/{self.options.prefix}"
 
 
-def seed(store: str, items: dict[str, datetime]) -> None:
-    """Add items with their last-modified times."""
+def seed(store: str, keys: dict[str, datetime]) -> None:
+    """Add keys with their last-modified times."""
     with _LOCK:
-        STORES.setdefault(store, {}).update(items)
+        STORES.setdefault(store, {}).update(keys)
 
 
-def fail(store: str, item: str, outcome: Outcome, code: str, times: int = -1) -> None:
-    """Make deletes of ``item`` fail with ``code`` for ``times`` attempts (-1: always)."""
+def fail(store: str, key: str, outcome: Outcome, code: str, times: int = -1) -> None:
+    """Make deletes of ``key`` fail with ``code`` for ``times`` attempts (-1: always)."""
     with _LOCK:
-        FAULTS.setdefault(store, {})[item] = [outcome, code, times]
+        FAULTS.setdefault(store, {})[key] = [outcome, code, times]
 
 
 def contents(store: str) -> dict[str, datetime]:

@@ -69,7 +69,7 @@ class PipelineResult:
 
     @property
     def dead_letter_codes(self) -> dict[str, str]:
-        """Each dead-lettered item with its error code."""
+        """Each dead-lettered key with its error code."""
         return {k["key"]: k["code"] for entry in self.dead_letters for k in entry["keys"]}
 
 

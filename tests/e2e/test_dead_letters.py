@@ -140,7 +140,7 @@ def test_poison_messages_are_dead_lettered_with_a_reason_and_the_worker_keeps_go
         batch_id="forged-b00001",
         seq=1,
         cutoff=cutoff.isoformat(),
-        items=KEYS[:3],
+        keys=KEYS[:3],
         scope=scope_of(stack, "statements"),
     )
 
@@ -150,8 +150,8 @@ def test_poison_messages_are_dead_lettered_with_a_reason_and_the_worker_keeps_go
     # When poison and refused batches are put straight onto the work queue
     _send(stack, {"hello": "world"}, "poison-malformed")
     _send(stack, forged("target") | {"target": "nope"}, "refused-target")
-    _send(stack, forged("scope", items=[KEYS[0], "receipts/keep-me.json"]), "refused-scope")
-    big = forged("big", items=[f"statements/x{i}" for i in range(1001)])
+    _send(stack, forged("scope", keys=[KEYS[0], "receipts/keep-me.json"]), "refused-scope")
+    big = forged("big", keys=[f"statements/x{i}" for i in range(1001)])
     _send(stack, big, "poison-big")
     _send(stack, forged("norun"), "refused-norun")
 

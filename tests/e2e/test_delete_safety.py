@@ -154,7 +154,7 @@ def test_a_batch_delivered_again_after_its_run_completed_deletes_nothing_rewritt
         30,
         "the replay to be delivered",
     )
-    kept = f"dc:run:{run_id}:skipped_items"
+    kept = f"dc:run:{run_id}:skipped_keys"
     wait_for(
         lambda: (line := redis_client.lindex(kept, -1)) and b"changed_since_listing" in line,
         30,
@@ -192,7 +192,7 @@ def test_a_cutoff_inside_the_retention_window_is_refused_by_cli_and_worker(
         batch_id="forged-b00001",
         seq=1,
         cutoff=now.isoformat(),
-        items=fresh,
+        keys=fresh,
         scope=scope_of(stack, "statements"),
     )
     app = create_app(Settings.from_env(stack.env))

@@ -126,7 +126,7 @@ def test_duplicate_batch_delivery_is_counted_once(make_stack, s3, bucket, redis_
         batch_id=f"{run['run_id']}-b00001",
         seq=1,
         cutoff=run["cutoff"],
-        items=keys[:500],
+        keys=keys[:500],
         run_token=run["token"],
         scope=run["scope"],
     )
@@ -202,7 +202,7 @@ def test_a_batch_from_an_earlier_incarnation_of_the_run_is_refused(make_stack, s
         batch_id=f"{run['run_id']}-b00001",
         seq=1,
         cutoff=run["cutoff"],
-        items=keys[:10],
+        keys=keys[:10],
         run_token="an-earlier-incarnation",
         scope=run["scope"],
     )

@@ -174,7 +174,7 @@ def test_expired_rows_are_deleted_fresh_and_rewritten_rows_kept_and_the_run_repo
         assert headers["kwargsrepr"] == "{...}"
         assert headers["argsrepr"].startswith("snapshots ")
         assert not [i for i in items_of(message) if i in headers["argsrepr"]], headers["argsrepr"]
-    listed = [item for message in messages for item in items_of(message)]
+    listed = [key for message in messages for key in items_of(message)]
     assert len(listed) == len(set(listed)) == 40_000
     assert {str(i) for i in REWRITTEN} <= set(listed)
 

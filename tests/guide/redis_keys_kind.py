@@ -1,6 +1,6 @@
 """A target kind for Redis keys that nobody has read or written for a while.
 
-An item is a key matching the target's ``pattern``.  It has expired when
+An key is a key matching the target's ``pattern``.  It has expired when
 ``OBJECT IDLETIME`` says it was last touched before the cutoff, and it is
 deleted with ``UNLINK``.
 
@@ -16,7 +16,7 @@ How it maps onto the seam:
 * :meth:`RedisKeysKind.delete` runs one Lua script per batch.  The script checks
   each key's idle time and unlinks it in a single atomic step, so a key read
   since the sweep is reported SKIPPED and kept;
-* keys that are not UTF-8 are never listed: an item is text.
+* keys that are not UTF-8 are never listed: a key is text.
 
 Limits: it does not support Redis Cluster (SCAN sees one node, and a script's keys
 must share a slot).  Under an LFU ``maxmemory-policy`` Redis keeps no idle times,
@@ -37,13 +37,13 @@ import redis
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import (
-    ItemError,
     PermanentError,
     SettingsError,
+    StoreError,
     TargetsFileError,
     TransientError,
 )
-from digest_cleanup.kinds import CHANGED_SINCE_LISTING, ItemResult, Outcome, Page, TargetKind
+from digest_cleanup.kinds import CHANGED_SINCE_LISTING, KeyResult, Outcome, Page, TargetKind
 
 #: How many keys one SCAN call asks for.  Redis takes it as a hint.
 SCAN_COUNT = 1000
@@ -150,30 +150,30 @@ class RedisKeysKind(TargetKind):
             yield Page(scanned=len(page), expired=expired, cursor=page[-1])
 
     def delete(
-        self, items: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
-    ) -> list[ItemResult]:
+        self, keys: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
+    ) -> list[KeyResult]:
         """Unlink the keys still idle since the cutoff, in one atomic script call."""
         try:
             with _mapped_errors():
                 script = self.client.register_script(_DELETE_IF_IDLE)  # sent by hash after once
-                codes = script(keys=list(items), args=[cutoff.timestamp()])
-        except ItemError as exc:
+                codes = script(keys=list(keys), args=[cutoff.timestamp()])
+        except StoreError as exc:
             outcome = Outcome.TRANSIENT if isinstance(exc, TransientError) else Outcome.PERMANENT
-            return [ItemResult(i, outcome, exc.code, exc.message, exc.retry_after) for i in items]
+            return [KeyResult(i, outcome, exc.code, exc.message, exc.retry_after) for i in keys]
         results = []
-        for item, code in zip(items, codes, strict=True):
+        for key, code in zip(keys, codes, strict=True):
             if code == b"touched":
                 results.append(
-                    ItemResult(item, Outcome.SKIPPED, CHANGED_SINCE_LISTING, "used since the sweep")
+                    KeyResult(key, Outcome.SKIPPED, CHANGED_SINCE_LISTING, "used since the sweep")
                 )
             else:
                 # Unlinked now, or already gone: deleting is idempotent.
-                results.append(ItemResult(item, Outcome.DELETED))
+                results.append(KeyResult(key, Outcome.DELETED))
         return results
 
-    def out_of_scope(self, item: str) -> str | None:
-        """Refuse any key the pattern does not match (it reads after "an item is")."""
-        if not self._match.fullmatch(item):
+    def out_of_scope(self, key: str) -> str | None:
+        """Refuse any key the pattern does not match (it reads after "a key is")."""
+        if not self._match.fullmatch(key):
             return f"not matching the pattern {self.options.pattern!r}"
         return None
 
@@ -212,7 +212,7 @@ def _mapped_errors() -> Iterator[None]:
         raise classify(exc) from exc
 
 
-def classify(exc: redis.exceptions.RedisError) -> ItemError:
+def classify(exc: redis.exceptions.RedisError) -> StoreError:
     """Map one redis-py error to a retryable or a permanent error with a short code."""
     message = str(exc)[:200]
     if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.AuthorizationError):

@@ -121,7 +121,7 @@ def test_a_key_used_after_the_sweep_is_skipped_and_a_gone_key_counts_as_deleted(
     results = kind.delete(page.expired, cutoff)
 
     # Then the read one is kept, and the other two are reported deleted
-    assert [(r.item, r.outcome) for r in results] == [
+    assert [(r.key, r.outcome) for r in results] == [
         ("session:a", Outcome.SKIPPED),
         ("session:b", Outcome.DELETED),
         ("session:c", Outcome.DELETED),

@@ -101,7 +101,7 @@ def test_scan_pages_cover_every_expired_key_once_in_key_order(
     # When the whole table is scanned
     pages = list(kind.scan(cutoff))
     # Then every expired key comes exactly once, in key order, and every row is counted
-    assert [item for page in pages for item in page.expired] == expired_ids()
+    assert [key for page in pages for key in page.expired] == expired_ids()
     assert sum(page.scanned for page in pages) == ROWS
     assert len(pages) == ROWS // kind.scan_page_size
     assert [page.cursor for page in pages] == [str(n) for n in range(1000, ROWS + 1, 1000)]
@@ -118,7 +118,7 @@ def test_scan_resumes_right_after_start_after(
     from_key = list(kind.scan(cutoff, start_after="2500"))
     # Then it continues exactly where that page ended
     assert resumed == pages[2:]
-    assert [item for page in from_key for item in page.expired] == expired_ids(2501)
+    assert [key for page in from_key for key in page.expired] == expired_ids(2501)
     assert sum(page.scanned for page in from_key) == ROWS - 2500
 
 
@@ -131,9 +131,9 @@ def test_delete_removes_exactly_the_expired_rows_of_a_batch(
     # When it is deleted
     results = kind.delete(batch, cutoff)
     # Then the expired rows are gone, the fresh ones are skipped and kept
-    assert [r.item for r in results] == batch
-    deleted = {r.item for r in results if r.outcome is Outcome.DELETED}
-    skipped = {r.item for r in results if r.outcome is Outcome.SKIPPED}
+    assert [r.key for r in results] == batch
+    deleted = {r.key for r in results if r.outcome is Outcome.DELETED}
+    skipped = {r.key for r in results if r.outcome is Outcome.SKIPPED}
     assert deleted == set(expired_ids(1, 1000))
     assert skipped == set(batch) - deleted
     assert count(admin, table, "id <= 1000") == 200
@@ -155,8 +155,8 @@ def test_row_updated_after_the_scan_is_skipped_and_kept(
     results = kind.delete(batch, cutoff)
     # Then that row is skipped as no longer expired and still exists
     skipped = [r for r in results if r.outcome is Outcome.SKIPPED]
-    assert [(r.item, r.code) for r in skipped] == [(batch[3], "changed_since_listing")]
-    assert all(r.outcome is Outcome.DELETED for r in results if r.item != batch[3])
+    assert [(r.key, r.code) for r in skipped] == [(batch[3], "changed_since_listing")]
+    assert all(r.outcome is Outcome.DELETED for r in results if r.key != batch[3])
     assert count(admin, table, f"id = {int(batch[3])}") == 1
 
 
@@ -301,7 +301,7 @@ def test_empty_string_is_a_real_text_key(
     )
     kind = make_kind(name, primary_key="k", timestamp_column="at")
     # When it is scanned, checked and deleted
-    expired = [item for page in kind.scan(cutoff) for item in page.expired]
+    expired = [key for page in kind.scan(cutoff) for key in page.expired]
     # Then '' is in scope and is deleted like any other key
     assert expired == ["", "a"]
     assert kind.out_of_scope("") is None

@@ -25,21 +25,21 @@ def _kind(weed: Any, bucket: str, **options: Any) -> S3Kind:
 
 
 def _listed(kind: S3Kind) -> tuple[list[str], list[str]]:
-    items, conditions = [], []
+    keys, conditions = [], []
     for page in kind.scan(LATER):
-        items += page.expired
+        keys += page.expired
         conditions += page.conditions
-    return items, conditions
+    return keys, conditions
 
 
 def test_the_listing_gives_each_expired_key_its_etag(weed, s3, bucket):
     put_keys(s3, bucket, ["statements/a.pdf", "statements/b.pdf"], body=b"one")
     s3.put_object(Bucket=bucket, Key="statements/b.pdf", Body=b"two")
 
-    items, conditions = _listed(_kind(weed, bucket))
+    keys, conditions = _listed(_kind(weed, bucket))
 
-    assert items == ["statements/a.pdf", "statements/b.pdf"]
-    assert conditions == [s3.head_object(Bucket=bucket, Key=k)["ETag"] for k in items]
+    assert keys == ["statements/a.pdf", "statements/b.pdf"]
+    assert conditions == [s3.head_object(Bucket=bucket, Key=k)["ETag"] for k in keys]
 
 
 def test_a_key_already_gone_counts_as_deleted_and_a_rewritten_one_is_kept(weed, s3, bucket):
@@ -55,7 +55,7 @@ def test_a_key_already_gone_counts_as_deleted_and_a_rewritten_one_is_kept(weed, 
     results = kind.delete(items, LATER, conditions)
 
     # Then the gone key is deleted (idempotent), the rewritten one kept and said why
-    assert [(r.item, r.outcome) for r in results] == [
+    assert [(r.key, r.outcome) for r in results] == [
         (keys[0], Outcome.DELETED),
         (keys[1], Outcome.SKIPPED),
         (keys[2], Outcome.DELETED),
@@ -102,7 +102,7 @@ def test_an_answer_that_does_not_account_for_a_key_is_checked_not_trusted(weed, 
     results = kind.delete(items, LATER, conditions)
 
     # Then the unaccounted key is not counted as deleted: it is still there, so it is retried
-    outcomes = {r.item: r.outcome for r in results}
+    outcomes = {r.key: r.outcome for r in results}
     assert outcomes[keys[1]] is Outcome.TRANSIENT
     assert {outcomes[k] for k in keys if k != keys[1]} == {Outcome.DELETED}
     assert list_keys(s3, bucket) == {keys[1]}
@@ -129,11 +129,11 @@ def test_a_version_is_deleted_by_its_id_and_confirmed(weed, s3):
     put_keys(s3, bucket, ["statements/a.pdf"])
     s3.put_object(Bucket=bucket, Key="statements/a.pdf", Body=b"second")
     kind = _kind(weed, bucket, versions="all")
-    items, conditions = _listed(kind)
+    keys, conditions = _listed(kind)
 
-    results = kind.delete(items, LATER, conditions)
+    results = kind.delete(keys, LATER, conditions)
 
-    assert len(items) == 2
+    assert len(keys) == 2
     assert conditions == []
     assert {r.outcome for r in results} == {Outcome.DELETED}
     assert s3.list_object_versions(Bucket=bucket).get("Versions", []) == []

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.slow
 def _items(raw: bytes) -> list[str]:
     """The keys of a batch message as it sits in the Redis queue."""
     body = json.loads(base64.b64decode(json.loads(raw)["body"]))
-    items = BatchPayload.from_message(body[1]).items
-    assert items
-    return items
+    keys = BatchPayload.from_message(body[1]).keys
+    assert keys
+    return keys
 
 
 def _dead_letters(stack: Stack) -> list[dict[str, Any]]:

@@ -56,7 +56,7 @@ def test_a_batch_of_an_earlier_incarnation_leaves_the_current_runs_counters_alon
     # Then it is dead-lettered whole, deletes nothing, and counts nothing in this run
     assert (report.status, report.reason) == ("dead_lettered", "stale_run")
     (entry,) = dispatcher.dead.values()
-    assert len(BatchPayload.from_message(entry.body).items) == 50
+    assert len(BatchPayload.from_message(entry.body).keys) == 50
     after = runtime.store.get(run_id)
     for counter in ("inflight", "dead_lettered", "deleted", "batches_done"):
         assert after.count(counter) == before.count(counter), counter

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.kinds import ItemResult, Outcome
+from digest_cleanup.kinds import KeyResult, Outcome
 from digest_cleanup.pipeline.batches import BatchPayload
 from digest_cleanup.pipeline.dead_letter import index_headers, make_entry
 from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
@@ -32,10 +32,10 @@ def _entry(run: str, keys: list[str]) -> dict[str, Any]:
         batch_id=f"{run}-b00001",
         seq=1,
         cutoff="2026-10-25T03:00:00+00:00",
-        items=keys,
+        keys=keys,
         scope="s",
     )
-    dead = {k: ItemResult(k, Outcome.PERMANENT, "AccessDenied") for k in keys}
+    dead = {k: KeyResult(k, Outcome.PERMANENT, "AccessDenied") for k in keys}
     return make_entry(payload, dead, "permanent_error").body
 
 
@@ -64,7 +64,7 @@ def test_a_copy_folds_and_the_same_id_with_other_keys_is_merged_into_it(setup):
     (entry,) = dlq.entries()
     assert entry.id == "dl-x"
     assert entry.copies == 3
-    assert sorted(entry.items) == ["statements/k1.pdf", "statements/k2.pdf", "statements/k3.pdf"]
+    assert sorted(entry.keys) == ["statements/k1.pdf", "statements/k2.pdf", "statements/k3.pdf"]
     assert dlq.stats()[:2] == (1, 3)
     # and one redrive covers all of it
     assert dlq.redrive_one(entry)
@@ -77,7 +77,7 @@ def test_old_messages_without_headers_merge_the_same_way(setup):
     _publish(app, "dl-y", _entry("run-b", ["statements/b.pdf"]), headers=False)
 
     (entry,) = dlq.entries(run="run-b")
-    assert sorted(entry.items) == ["statements/a.pdf", "statements/b.pdf"]
+    assert sorted(entry.keys) == ["statements/a.pdf", "statements/b.pdf"]
     assert dlq.stats()[:2] == (1, 2)
 
 

@@ -44,7 +44,7 @@ def record_attempts(redis_client, count: int, seconds: float, delete_seconds: fl
                 deleted=500,
                 service_seconds=seconds,
                 delete_seconds=delete_seconds,
-                items=500,
+                keys=500,
             ),
         )
 

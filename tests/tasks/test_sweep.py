@@ -68,8 +68,8 @@ def _assert_every_batch_once_in_the_run(runtime: Runtime, run_id: str, sent: lis
     assert {p.batch_id for p in sent} == {f"{run_id}-b{n:05d}" for n in range(1, 21)}
     by_id: dict[str, list[str]] = {}
     for p in sent:  # a batch published twice has the same items both times
-        assert by_id.setdefault(p.batch_id, p.items) == p.items
-    assert sorted(i for items in by_id.values() for i in items) == [
+        assert by_id.setdefault(p.batch_id, p.keys) == p.keys
+    assert sorted(i for keys in by_id.values() for i in keys) == [
         f"snap/{i:05d}" for i in range(1000)
     ]
     run = runtime.store.get(run_id)
@@ -132,7 +132,7 @@ def test_a_second_listing_refills_the_stage_a_window_at_a_time(runtime, scans, m
     # Then Redis never held more than a window (plus one page's batches), every key
     # went out once, in order, and the counters hold
     assert most_staged <= 3 + 2
-    assert [i for p in sent for i in p.items] == [f"snap/{i:05d}" for i in range(1000)]
+    assert [i for p in sent for i in p.keys] == [f"snap/{i:05d}" for i in range(1000)]
     assert [p.seq for p in sent] == list(range(1, 21))
     run = runtime.store.get(run_id)
     assert (run.count("listed"), run.count("expired"), run.count("batches")) == (1030, 1000, 20)
@@ -208,7 +208,7 @@ def test_publishing_reads_the_guard_pass_staged_pages_instead_of_listing_again(r
 
     assert scans == [None]  # one listing, by the guard pass
     assert [p.seq for p in sent] == list(range(1, 21))
-    assert [i for p in sent for i in p.items] == [f"snap/{i:05d}" for i in range(1000)]
+    assert [i for p in sent for i in p.keys] == [f"snap/{i:05d}" for i in range(1000)]
     run = runtime.store.get(run_id)
     assert (run.count("listed"), run.count("expired"), run.count("batches")) == (1030, 1000, 20)
     # the staged pages are freed once every batch is out
@@ -222,10 +222,10 @@ def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monke
     real_stage = runtime.store.stage
     staged_calls = 0
 
-    def dying_stage(rid: str, items: list[str]) -> int:
+    def dying_stage(rid: str, keys: list[str]) -> int:
         nonlocal staged_calls
         staged_calls += 1
-        length = real_stage(rid, items)
+        length = real_stage(rid, keys)
         if staged_calls == 4:
             raise Crash
         return length
@@ -243,9 +243,9 @@ def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monke
     # Then every expired item went out in exactly one batch, and the counts hold
     assert "crashed" in results
     assert results[-1] == "done"
-    items = [i for p in sent for i in p.items]
-    assert sorted(items) == [f"snap/{i:05d}" for i in range(1000)]
-    assert len(items) == len(set(items)) == 1000
+    keys = [i for p in sent for i in p.keys]
+    assert sorted(keys) == [f"snap/{i:05d}" for i in range(1000)]
+    assert len(keys) == len(set(keys)) == 1000
     run = runtime.store.get(run_id)
     assert (run.count("expired"), run.count("batches"), run.count("inflight")) == (1000, 20, 20)
 
@@ -257,7 +257,7 @@ def test_past_the_stage_limit_publishing_lists_the_target_again(runtime, scans, 
     sent = _sweep_to_end(runtime, run_id)
 
     assert scans == [None, None]  # the guard pass, then publishing
-    assert [i for p in sent for i in p.items] == [f"snap/{i:05d}" for i in range(1000)]
+    assert [i for p in sent for i in p.keys] == [f"snap/{i:05d}" for i in range(1000)]
     assert not runtime.store.redis.exists(runtime.store.run_key(run_id, "staged"))
     run = runtime.store.get(run_id)
     assert (run.count("listed"), run.count("expired"), run.count("batches")) == (1030, 1000, 20)

@@ -175,9 +175,9 @@ def test_item_rewritten_after_the_sweep_is_skipped_not_deleted(runtime, celery_s
     memory.seed("tasks", {f"snap/{i:04d}": OLD for i in range(10)})
     original = memory.MemoryKind.delete
 
-    def rewrite_then_delete(self: Any, items: Any, cutoff: datetime, conditions: Any = ()) -> Any:
+    def rewrite_then_delete(self: Any, keys: Any, cutoff: datetime, conditions: Any = ()) -> Any:
         memory.seed("tasks", {"snap/0003": NEW})
-        return original(self, items, cutoff, conditions)
+        return original(self, keys, cutoff, conditions)
 
     memory.MemoryKind.delete = rewrite_then_delete  # type: ignore[method-assign]
     try:

@@ -8,7 +8,7 @@ import pytest
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PoisonMessage
-from digest_cleanup.kinds import ItemResult, Outcome
+from digest_cleanup.kinds import KeyResult, Outcome
 from digest_cleanup.pipeline.batches import BatchPayload, backoff, decide
 
 KEYS = [f"statements/2026-11-22/cust-{i:07d}.pdf" for i in range(500)]
@@ -21,7 +21,7 @@ def payload(**kw):
         "batch_id": "statements-20261122T030000Z-b00017",
         "seq": 17,
         "cutoff": "2026-10-23T03:00:00+00:00",
-        "items": KEYS,
+        "keys": KEYS,
     }
     return BatchPayload(**(base | kw))
 
@@ -80,10 +80,10 @@ def test_poison_messages_are_recognised(raw, code):
 
 def test_decide_sorts_outcomes_and_stops_retrying_at_the_limit():
     results = [
-        ItemResult("a", Outcome.DELETED),
-        ItemResult("b", Outcome.SKIPPED, "not_expired"),
-        ItemResult("c", Outcome.TRANSIENT, "SlowDown", retry_after=3.0),
-        ItemResult("d", Outcome.PERMANENT, "AccessDenied"),
+        KeyResult("a", Outcome.DELETED),
+        KeyResult("b", Outcome.SKIPPED, "not_expired"),
+        KeyResult("c", Outcome.TRANSIENT, "SlowDown", retry_after=3.0),
+        KeyResult("d", Outcome.PERMANENT, "AccessDenied"),
     ]
     first = decide(results, attempt=0, max_retries=2)
     assert (first.deleted, first.skipped, sorted(first.retry), sorted(first.dead)) == (

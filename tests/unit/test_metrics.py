@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from digest_cleanup.clock import now_iso
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.kinds import ItemResult, Outcome
+from digest_cleanup.kinds import KeyResult, Outcome
 from digest_cleanup.pipeline.batches import BatchPayload, BatchRecord
 from digest_cleanup.pipeline.dead_letter import make_entry
 from digest_cleanup.pipeline.metrics import RunStateCollector, oldest_pending_age, progress_ratio
@@ -213,10 +213,10 @@ def test_dead_letters_last_success_and_verify(runtime):
             batch_id=f"{RUN}-b00001",
             seq=1,
             cutoff=CUTOFF,
-            items=keys,
+            keys=keys,
             attempt=attempt,
         )
-        dead = {k: ItemResult(k, Outcome.PERMANENT, "AccessDenied", "Access Denied") for k in keys}
+        dead = {k: KeyResult(k, Outcome.PERMANENT, "AccessDenied", "Access Denied") for k in keys}
         runtime.dispatcher.send_dead_letter(make_entry(payload, dead, "permanent_error"))
     # and a target's last success and last verify, as `finish_run` and `verify` write them
     store = runtime.store

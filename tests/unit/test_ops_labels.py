@@ -14,7 +14,7 @@ def payload(**kw: object) -> BatchPayload:
         "batch_id": "statements-20261023T030000Z-b00017",
         "seq": 17,
         "cutoff": "2026-10-23T03:00:00+00:00",
-        "items": KEYS,
+        "keys": KEYS,
     }
     return BatchPayload(**(base | kw))  # type: ignore[arg-type]
 

@@ -126,7 +126,7 @@ def _payload(**changes: object) -> BatchPayload:
         batch_id="r-b00001",
         seq=1,
         cutoff="2026-11-01T00:00:00+00:00",
-        items=["statements/a.pdf", "statements/b.pdf", "statements/c.pdf"],
+        keys=["statements/a.pdf", "statements/b.pdf", "statements/c.pdf"],
         conditions=['"ea"', '"eb"', '"ec"'],
         scope="abc",
     )
@@ -146,17 +146,17 @@ def test_a_subset_keeps_each_item_with_its_own_condition():
 
     subset = payload.subset(["statements/c.pdf", "statements/a.pdf"], attempt=2)
 
-    assert subset.items == ["statements/c.pdf", "statements/a.pdf"]
+    assert subset.keys == ["statements/c.pdf", "statements/a.pdf"]
     assert subset.conditions == ['"ec"', '"ea"']
     assert subset.attempt == 2
     assert _payload(conditions=[]).subset(["statements/b.pdf"]).conditions == []
 
 
-def test_a_message_whose_conditions_do_not_match_its_items_is_poison():
+def test_a_message_whose_conditions_do_not_match_its_keys_is_poison():
     raw = _payload().to_message()
     raw["conditions"] = ['"ea"']
 
-    with pytest.raises(PoisonMessage, match="1 conditions for 3 items"):
+    with pytest.raises(PoisonMessage, match="1 conditions for 3 keys"):
         BatchPayload.from_message(raw)
 
 
