@@ -84,7 +84,7 @@ def describe(result: Plan, targets: list[str]) -> str:
         f"plan: {result.artifacts:,} artifacts in {_duration(result.window_seconds)} "
         f"(targets {', '.join(targets)}; batch size {result.batch_size})",
         f"  measured   {s.attempts:,} recent batch attempts over {s.keys:,} keys: "
-        f"{s.per_item * 1000:.2f} ms per key; per batch median {s.median:.2f} s, "
+        f"{s.per_key * 1000:.2f} ms per key; per batch median {s.median:.2f} s, "
         f"p95 {s.p95:.2f} s, p99 {s.p99:.2f} s (delete call median {s.delete_median:.2f} s, "
         f"overhead median {s.overhead_median * 1000:.1f} ms)",
         f"  needed     {result.batches:,} batches in {result.window_seconds:,.0f} s = "

@@ -53,7 +53,7 @@ class ServiceTimes:
     attempts: int
     keys: int
     #: Seconds per key, weighted by keys.
-    per_item: float
+    per_key: float
     #: Whole-attempt seconds: median, p95, p99.
     median: float
     p95: float
@@ -76,7 +76,7 @@ class ServiceTimes:
         return cls(
             attempts=len(useful),
             keys=keys,
-            per_item=sum(attempts) / keys,
+            per_key=sum(attempts) / keys,
             median=statistics.median(attempts),
             p95=_quantile(attempts, 0.95),
             p99=_quantile(attempts, 0.99),
@@ -134,7 +134,7 @@ def plan(
     if batch_size < 1 or per_worker < 1:
         raise UsageError("batch size and slots per worker must be at least 1")
     batches = math.ceil(artifacts / batch_size)
-    batch_seconds = service.per_item * batch_size
+    batch_seconds = service.per_key * batch_size
     rate = batches / window_seconds
     exact = rate * batch_seconds / utilization
     consumers = max(1, math.ceil(exact - 1e-9))

@@ -25,7 +25,7 @@ def test_service_times_weigh_items_not_attempts():
     service = ServiceTimes.from_timings(rows)
 
     # Then the per-item time is total seconds over total items, not a mean of ratios
-    assert service.per_item == pytest.approx(99.1 / 49_510)
+    assert service.per_key == pytest.approx(99.1 / 49_510)
     assert service.attempts == 100
     assert service.median == 1.0
     assert service.p99 == 1.0
