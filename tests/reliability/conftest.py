@@ -248,10 +248,10 @@ def figures(request: pytest.FixtureRequest) -> Figures:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(key: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
-    row = _collector.rows.get(key.nodeid)
+    row = _collector.rows.get(item.nodeid)
     if row is None:
         return
     if report.when == "call":
@@ -266,6 +266,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not _collector.rows or session.config.option.keyword:
         return
     scenario_files = {p.name for p in Path(__file__).parent.glob("test_*.py")}
-    if {Path(str(key.path)).name for key in session.keys} < scenario_files:
+    if {Path(str(item.path)).name for item in session.items} < scenario_files:
         return
     Path(REPORT_PATH).write_text(_collector.render(), encoding="utf-8")
