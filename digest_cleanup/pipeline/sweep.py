@@ -36,7 +36,7 @@ from digest_cleanup.pipeline.batches import backoff
 from digest_cleanup.pipeline.checkpoint import Checkpoint
 from digest_cleanup.pipeline.lifecycle import finish_run
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.pipeline.sweep_phases import Fenced, Slice, SliceResult, guard, publish
+from digest_cleanup.pipeline.sweep_phases import Fenced, Slice, SliceResult, guard_pass, publish
 
 logger = logging.getLogger("digest_cleanup.sweep")
 
@@ -90,7 +90,7 @@ def sweep_slice(
         # Batches a killed slice staged after its last checkpoint are listed again.
         store.keep_staged(run_id, sweep.cp.stage.staged)
         if sweep.cp.phase == "guard":
-            if not guard(sweep):
+            if not guard_pass(sweep):
                 return "failed" if store.get(run_id).finished else "continue"
             if sweep.dry_run:
                 return "done"

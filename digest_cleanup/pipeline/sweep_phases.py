@@ -92,7 +92,7 @@ class Slice:
         return result
 
 
-def guard(sweep: Slice) -> bool:
+def guard_pass(sweep: Slice) -> bool:
     """Count expired keys before anything is deleted; True once the guard has passed.
 
     Unless this is a dry run, the expired keys are also staged as the pages
