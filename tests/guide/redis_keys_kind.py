@@ -1,6 +1,6 @@
 """A target kind for Redis keys that nobody has read or written for a while.
 
-An key is a key matching the target's ``pattern``.  It has expired when
+A key is one matching the target's ``pattern``.  It has expired when
 ``OBJECT IDLETIME`` says it was last touched before the cutoff, and it is
 deleted with ``UNLINK``.
 

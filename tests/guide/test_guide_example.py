@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
 
 import pytest
 import redis
@@ -92,8 +93,10 @@ def test_idle_keys_matching_the_pattern_are_deleted_and_the_rest_kept(
     seed(store, active, idle_days=0)
     seed(store, others, idle_days=40)
 
-    # When the target runs through the pipeline
-    result = run_cleanup(TARGETS, env={URL_ENV: store_url})
+    # When the target runs through the pipeline, for a cutoff a day ago: the active
+    # sessions were used after it however long the run takes to start
+    cutoff = utcnow() - timedelta(days=1)
+    result = run_cleanup(TARGETS, env={URL_ENV: store_url}, cutoff=cutoff)
 
     # Then exactly the idle sessions are gone, in batches of 100
     run = result.run
