@@ -114,9 +114,12 @@ def guard_pass(sweep: Slice) -> bool:
         if limit is not None and guard.expired > limit:
             return _refuse_max_delete(sweep, limit)
         if staging and guard.expired > STAGE_LIMIT:
-            store.keep_staged(run_id, 0)
+            # Checkpointed first, so a slice that dies here never resumes counting on
+            # batches that are no longer staged.
             cp.stage = stage = Stage()
             guard.staging = staging = False
+            sweep.save()
+            store.keep_staged(run_id, 0)
         elif staging:
             stage.cursor = guard.cursor
             stage.unbatched.extend(_expired(page))
@@ -183,8 +186,12 @@ def publish(sweep: Slice) -> SliceResult:
         if stage.complete:
             break
         # Every staged batch is out: start the next window where the listing got to.
-        sweep.store.keep_staged(sweep.run_id, 0)
+        # Checkpointed before the stage is emptied, so a slice that dies from here on
+        # resumes with nothing left to resend from it: resending reads the stage, and
+        # the next window's batches would be read in place of this one's.
         stage.base, stage.staged = stage.base + stage.staged, 0
+        sweep.save()
+        sweep.store.keep_staged(sweep.run_id, 0)
         if not _refill(sweep):
             return "continue"
     result = _done(sweep)

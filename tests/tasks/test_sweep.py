@@ -250,6 +250,41 @@ def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monke
     assert (run.count("expired"), run.count("batches"), run.count("inflight")) == (1000, 20, 20)
 
 
+def test_a_slice_killed_while_refilling_the_stage_never_resends_another_windows_keys(
+    runtime, monkeypatch
+):
+    # Given a run too big to stage, refilled three batches at a time, whose slice dies
+    # right after staging the first page of its second window
+    monkeypatch.setattr(sweep_phases, "STAGE_LIMIT", 150)
+    monkeypatch.setattr(sweep_phases, "REFILL_BATCHES", 3)
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
+    real_stage = runtime.store.stage
+    calls = 0
+
+    def dying_stage(rid: str, batches: list[list[str]]) -> int:
+        nonlocal calls
+        calls += 1
+        length = real_stage(rid, batches)
+        if calls == 4:  # the guard's one page, the first window's two, then this
+            raise Crash
+        return length
+
+    monkeypatch.setattr(runtime.store, "stage", dying_stage)
+    sent: list[BatchPayload] = []
+    results: list[str] = []
+    while not results or results[-1] in ("continue", "crashed"):
+        try:
+            results.append(sweep_slice(recording(runtime, sent.append), run_id))
+        except Crash:
+            results.append("crashed")
+            runtime.store.redis.delete(runtime.store.run_key(run_id, "sweep_lease"))
+
+    # Then a batch sent again after the crash holds the same keys as the first time,
+    # and every expired key went out
+    assert "crashed" in results
+    _assert_every_batch_once_in_the_run(runtime, run_id, sent)
+
+
 def test_past_the_stage_limit_publishing_lists_the_target_again(runtime, scans, monkeypatch):
     monkeypatch.setattr(sweep_phases, "STAGE_LIMIT", 150)
     run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
