@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import signal
 import sys
 import tempfile
 import time
@@ -111,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # A stopped benchmark (SIGTERM, as a CI timeout or `kill` sends) unwinds like Ctrl-C,
+    # so every server and worker it started is stopped by its context manager.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         layouts = [Layout.parse(spec) for spec in args.layouts.split(",")]
     except ValueError as exc:
