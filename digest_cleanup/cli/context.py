@@ -33,7 +33,7 @@ class Context:
         self._app: Any = None
 
     def sending_runtime(self) -> Runtime:
-        """The runtime, with the Celery app built so that it can send (run, redrive)."""
+        """The runtime, with the Celery app built so that it can send (``run`` does)."""
         if self._app is None:
             from digest_cleanup.worker.app import create_app
 
