@@ -215,18 +215,22 @@ def test_publishing_reads_the_guard_pass_staged_pages_instead_of_listing_again(r
     assert not runtime.store.redis.exists(runtime.store.run_key(run_id, "staged"))
 
 
-def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monkeypatch):
-    # Given guard slices that hand over after every page, one of which dies
-    # after staging its page but before its checkpoint
-    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
+def _sweep_dying_at_stage_call(
+    runtime: Runtime,
+    run_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    die_at: int,
+    **kwargs: float,
+) -> tuple[list[BatchPayload], list[str]]:
+    """Sweep to the end; the ``die_at``-th staging kills its slice right after it staged."""
     real_stage = runtime.store.stage
-    staged_calls = 0
+    calls = 0
 
-    def dying_stage(rid: str, keys: list[str]) -> int:
-        nonlocal staged_calls
-        staged_calls += 1
-        length = real_stage(rid, keys)
-        if staged_calls == 4:
+    def dying_stage(rid: str, batches: list[list[str]]) -> int:
+        nonlocal calls
+        calls += 1
+        length = real_stage(rid, batches)
+        if calls == die_at:
             raise Crash
         return length
 
@@ -235,10 +239,18 @@ def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monke
     results: list[str] = []
     while not results or results[-1] in ("continue", "crashed"):
         try:
-            results.append(sweep_slice(recording(runtime, sent.append), run_id, slice_seconds=1e-9))
+            results.append(sweep_slice(recording(runtime, sent.append), run_id, **kwargs))
         except Crash:
             results.append("crashed")
             runtime.store.redis.delete(runtime.store.run_key(run_id, "sweep_lease"))
+    return sent, results
+
+
+def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monkeypatch):
+    # Given guard slices that hand over after every page, one of which dies
+    # after staging its page but before its checkpoint
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
+    sent, results = _sweep_dying_at_stage_call(runtime, run_id, monkeypatch, 4, slice_seconds=1e-9)
 
     # Then every expired item went out in exactly one batch, and the counts hold
     assert "crashed" in results
@@ -258,26 +270,8 @@ def test_a_slice_killed_while_refilling_the_stage_never_resends_another_windows_
     monkeypatch.setattr(sweep_phases, "STAGE_LIMIT", 150)
     monkeypatch.setattr(sweep_phases, "REFILL_BATCHES", 3)
     run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
-    real_stage = runtime.store.stage
-    calls = 0
-
-    def dying_stage(rid: str, batches: list[list[str]]) -> int:
-        nonlocal calls
-        calls += 1
-        length = real_stage(rid, batches)
-        if calls == 4:  # the guard's one page, the first window's two, then this
-            raise Crash
-        return length
-
-    monkeypatch.setattr(runtime.store, "stage", dying_stage)
-    sent: list[BatchPayload] = []
-    results: list[str] = []
-    while not results or results[-1] in ("continue", "crashed"):
-        try:
-            results.append(sweep_slice(recording(runtime, sent.append), run_id))
-        except Crash:
-            results.append("crashed")
-            runtime.store.redis.delete(runtime.store.run_key(run_id, "sweep_lease"))
+    # the guard's one page, the first window's two, then this
+    sent, results = _sweep_dying_at_stage_call(runtime, run_id, monkeypatch, 4)
 
     # Then a batch sent again after the crash holds the same keys as the first time,
     # and every expired key went out
