@@ -93,6 +93,13 @@ def show_run(data: dict[str, Any], as_json: bool) -> int:
         ):
             if key in data and data[key] not in ("", None):
                 print(f"  {key:14} {data[key]}")
+        if budget := data.get("delete_budget"):
+            paused = f", paused {budget['paused_for']:.1f} s" if budget["paused_for"] else ""
+            print(
+                f"  {'delete rate':14} {budget['rate']:,.0f} of {budget['ceiling']:,.0f} keys/s"
+                f"{paused}; {budget['throttles']} throttled, {budget['waits']} waits "
+                f"({budget['wait_seconds']:,.1f} s), {budget['deferred']} handed back"
+            )
         if data.get("sample"):
             print("  sample of keys that would be deleted:")
             for key in data["sample"]:

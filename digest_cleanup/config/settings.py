@@ -50,6 +50,12 @@ DEFAULT_KEY_PREFIX = "dc"
 RETRY_CAP_SHARE_OF_VISIBILITY = 0.5
 
 LogFormat = Literal["text", "json"]
+#: Celery pools a worker may run (``CLEANUP_WORKER_POOL``).
+WORKER_POOLS = ("threads", "prefork", "solo", "gevent", "eventlet")
+#: The pool a plain ``celery -A digest_cleanup worker`` runs: deletes wait on S3 and on
+#: the shared delete budget, not on the CPU, so threads keep many in flight for little
+#: memory, and leave the host's cores to the S3 client's own work.
+DEFAULT_WORKER_POOL = "threads"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +79,10 @@ class Settings:
     #: ``s3://bucket/prefix`` where run reports go; ``None`` keeps them in Redis only.
     audit_url: str | None = None
     log_format: LogFormat = "text"
+    #: The Celery pool of a worker started without ``--pool`` (see ``DEFAULT_WORKER_POOL``).
+    #: Celery lets a configured pool win over ``--pool=prefork``, so this is the setting
+    #: that picks prefork.
+    worker_pool: str = DEFAULT_WORKER_POOL
     #: Which ``/``-separated segment of a key holds a customer identifier (hashed in logs).
     log_hash_segment: int | None = None
     #: The key of that hash (HMAC-SHA256).  Unset, each process draws a random one, so a
@@ -135,6 +145,7 @@ class Settings:
             key_prefix=env.get("CLEANUP_KEY_PREFIX", DEFAULT_KEY_PREFIX),
             audit_url=audit_url,
             log_format=log_format,  # type: ignore[arg-type]  # checked just above
+            worker_pool=_worker_pool(env),
             log_hash_segment=_optional_int(env, "CLEANUP_LOG_HASH_SEGMENT"),
             log_hash_key=_log_hash_key(env),
             aws_access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
@@ -230,6 +241,17 @@ def _log_hash_key(env: Mapping[str, str]) -> str | None:
             "'python3 -c \"import secrets; print(secrets.token_hex(32))\"'",
         )
     return key
+
+
+def _worker_pool(env: Mapping[str, str]) -> str:
+    pool = env.get("CLEANUP_WORKER_POOL") or DEFAULT_WORKER_POOL
+    if pool not in WORKER_POOLS:
+        raise SettingsError(
+            "CLEANUP_WORKER_POOL",
+            f"{pool!r} is not a Celery pool",
+            f"use one of {', '.join(WORKER_POOLS)}, or unset it for {DEFAULT_WORKER_POOL}",
+        )
+    return pool
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:

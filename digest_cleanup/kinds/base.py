@@ -146,6 +146,17 @@ class TargetKind(ABC):
 
     #: The most keys one :meth:`delete` call accepts.
     max_batch_size: ClassVar[int] = 1000
+    #: Per-key codes that mean the store is pushing back on the request rate: each lowers
+    #: the target's shared delete budget (see :mod:`digest_cleanup.pipeline.budget`).
+    throttle_codes: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def default_delete_rate(cls, options: Any, settings: Settings) -> float:
+        """Keys per second a target of this kind may delete when it sets no ``delete_rate``.
+
+        0 means no budget: the store sets no known limit.  The default is 0.
+        """
+        return 0.0
 
     @classmethod
     def namespace(cls, options: Any) -> tuple[str, str] | None:

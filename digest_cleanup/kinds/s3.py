@@ -30,6 +30,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PermanentError, TargetsFileError
@@ -42,6 +43,14 @@ from digest_cleanup.kinds.s3_delete import VERSION_SEPARATOR, Deletion
 DELETE_OBJECTS_LIMIT = 1000
 #: Keys per ListObjectsV2 page: the most S3 returns, so the fewest round trips.
 LIST_PAGE_SIZE = 1000
+#: Keys per second a target on AWS S3 deletes unless it sets ``delete_rate``.  AWS
+#: allows 3,500 writes per second per partitioned prefix and counts every key of a
+#: DeleteObjects as one; this leaves a little for the renderer's own writes.
+AWS_DELETE_RATE = 3300.0
+#: Codes with which S3 (and S3-compatible servers) push back on the request rate.
+THROTTLE_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests", "503"}
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +75,7 @@ class S3Kind(TargetKind):
     name = "s3"
     Options = S3Options
     max_batch_size: ClassVar[int] = DELETE_OBJECTS_LIMIT
+    throttle_codes: ClassVar[frozenset[str]] = THROTTLE_CODES
 
     def __init__(self, target: str, options: S3Options, settings: Settings) -> None:
         super().__init__(target, options, settings)
@@ -88,6 +98,14 @@ class S3Kind(TargetKind):
                 f"targets.{target}.allow_whole_bucket: only meaningful with prefix = ''; remove it"
             )
         return opts
+
+    @classmethod
+    def default_delete_rate(cls, options: S3Options, settings: Settings) -> float:
+        """:data:`AWS_DELETE_RATE` on AWS S3; no budget on another endpoint, whose limits
+        AWS's figure says nothing about (set ``delete_rate`` there if it has one)."""
+        endpoint = settings.s3_endpoint_url
+        host = (urlsplit(endpoint).hostname or "") if endpoint else "s3.amazonaws.com"
+        return AWS_DELETE_RATE if host.endswith(".amazonaws.com") else 0.0
 
     @property
     def client(self) -> Any:

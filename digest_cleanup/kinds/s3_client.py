@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -26,6 +27,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
+from digest_cleanup import __version__
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PermanentError, TransientError
 from digest_cleanup.kinds import s3_listing
@@ -82,6 +84,8 @@ def make_client(settings: Settings, *, max_attempts: int = 1) -> Any:
         connect_timeout=5,
         read_timeout=60,
         max_pool_connections=CONNECTIONS_PER_CLIENT,
+        # Server access logs and test proxies tell the workers of a fleet apart by this.
+        user_agent_extra=f"digest-cleanup/{__version__} pid/{os.getpid()}",
         s3={"addressing_style": "path"} if settings.s3_endpoint_url else None,
     )
     client = session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
@@ -116,13 +120,17 @@ def mapped_errors() -> Iterator[None]:
 
 
 def _retry_after(headers: dict[str, str]) -> float | None:
-    raw = headers.get("retry-after")
-    if raw is None:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        return None
+    """Seconds the server asked for: ``x-amz-retry-after`` (milliseconds, what newer AWS
+    SDKs read) or ``Retry-After`` (seconds).  S3 itself sends neither today."""
+    for name, scale in (("x-amz-retry-after", 0.001), ("retry-after", 1.0)):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            return max(0.0, float(raw) * scale)
+        except ValueError:
+            continue
+    return None
 
 
 def fast_timestamp(value: str) -> datetime:

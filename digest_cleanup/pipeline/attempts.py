@@ -7,11 +7,16 @@ The order is what makes at-least-once delivery harmless:
    check (unknown target or run, a stale incarnation, its target's scope changed
    since it was listed, a key out of scope, a cutoff inside the retention window)
    is dead-lettered whole, with every key and condition, and can be redriven.
-2. Count the delivery; past ``max_deliveries`` the batch is ``worker_lost``.
-3. Delete (idempotent), then publish follow-ups (retry, dead letter), and only
-   then record the attempt.  A crash before recording redelivers the message,
-   which deletes again harmlessly and publishes follow-ups that are themselves
-   claimed once; a duplicate that arrives after recording counts nothing.
+2. Wait for the keys' share of the target's delete budget (see
+   :mod:`~digest_cleanup.pipeline.budget`).  A wait is neither a retry nor a
+   delivery; one longer than a held message may wait is handed back as a copy
+   with a short countdown (``deferred``).
+3. Count the delivery; past ``max_deliveries`` the batch is ``worker_lost``.
+4. Delete (idempotent), tell the budget if the store pushed back, publish
+   follow-ups (retry, dead letter), and only then record the attempt.  A crash
+   before recording redelivers the message, which deletes again harmlessly and
+   publishes follow-ups that are themselves claimed once; a duplicate that
+   arrives after recording counts nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from digest_cleanup.pipeline.batches import (
     backoff,
     decide,
 )
+from digest_cleanup.pipeline.budget import DEFER_SECONDS, longest_wait
 from digest_cleanup.pipeline.dead_letter import make_entry, make_poison_entry
 from digest_cleanup.pipeline.runtime import Runtime
 
@@ -58,6 +64,11 @@ def process(runtime: Runtime, raw: Any, task_id: str) -> BatchReport:
 
     store = runtime.store
     settings = runtime.settings
+    budget = runtime.budget(payload.target)
+    wait_cap = longest_wait(settings.visibility_timeout)
+    drawn = budget.draw(len(payload.keys), wait_cap) if budget is not None else None
+    if drawn is not None and not drawn.granted:
+        return _defer(runtime, payload, task_id, drawn.waited)
     deliveries = store.count_delivery(payload.run_id, payload.claim)
     if deliveries > 1 and store.is_recorded(payload.run_id, payload.claim):
         # The recorded attempt already deleted and sent its follow-ups; sending them
@@ -79,10 +90,38 @@ def process(runtime: Runtime, raw: Any, task_id: str) -> BatchReport:
     t0 = time.monotonic()
     results = kind.delete(payload.keys, payload.cutoff_datetime(), payload.conditions)
     delete_seconds = time.monotonic() - t0
+    if budget is not None:
+        budget.report(results, kind.throttle_codes)
     decided = decide(results, payload.attempt, settings.max_retries)
     return _follow_up_and_record(
-        runtime, payload, task_id, decided, started, reason="", delete_seconds=delete_seconds
+        runtime,
+        payload,
+        task_id,
+        decided,
+        started,
+        reason="",
+        delete_seconds=delete_seconds,
+        budget_wait=drawn.waited if drawn else 0.0,
     )
+
+
+def _defer(runtime: Runtime, payload: BatchPayload, task_id: str, wait: float) -> BatchReport:
+    """Hand back a batch whose budget is further off than it may wait: the same attempt
+    (no retry spent, no delivery counted), with a countdown short enough that Redis
+    never restores a message a worker holds."""
+    countdown = round(min(wait, DEFER_SECONDS), 2)
+    runtime.dispatcher.send_batch(payload, countdown=countdown, task_id=task_id or None)
+    report = BatchReport(
+        status="deferred",
+        batch_id=payload.batch_id,
+        run_id=payload.run_id,
+        target=payload.target,
+        countdown=countdown,
+        reason="delete_budget",
+    )
+    log_event(logger, "batch", runtime.settings, **report.as_dict(), seq=payload.seq,
+              attempt=payload.attempt, wait=round(wait, 2))  # fmt: skip
+    return report
 
 
 def give_up(
@@ -179,6 +218,7 @@ def _follow_up_and_record(
     reason: str,
     delete_seconds: float,
     message: str = "",
+    budget_wait: float = 0.0,
 ) -> BatchReport:
     report = BatchReport(
         status="done",
@@ -188,6 +228,7 @@ def _follow_up_and_record(
         deleted=decided.deleted,
         skipped=decided.skipped,
         delete_seconds=round(delete_seconds, 4),
+        budget_wait=round(budget_wait, 3),
     )
     _send_follow_ups(runtime, payload, task_id, decided, report, reason, message)
     record = _batch_record(payload, decided, started, delete_seconds)

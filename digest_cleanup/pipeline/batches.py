@@ -275,6 +275,8 @@ class BatchReport:
     countdown: float = 0.0
     recorded: str = ""
     delete_seconds: float = 0.0
+    #: Seconds the batch waited for its target's delete budget before sending.
+    budget_wait: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v not in ("", 0, 0.0)}

@@ -6,6 +6,9 @@ loses nothing.  Series labelled ``target`` describe the *latest run* of each
 target in the targets file (``dc:target:T:latest``); the ``_total`` counters
 among them start again from 0 when a new run begins, which ``rate()`` reads as
 a counter reset.  The names used by ``deploy/prometheus/alerts.yml`` are fixed.
+
+It is long because every series the endpoint exports is defined here, with its
+help text, so one module answers "what does the endpoint export?".
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from prometheus_client.metrics_core import (
 )
 
 from digest_cleanup.clock import epoch_of
+from digest_cleanup.pipeline.budget import BudgetState
 from digest_cleanup.pipeline.run_record import RunView
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.target_state import LATENCY_BUCKETS
@@ -50,6 +54,8 @@ class TargetState:
     latency: Mapping[str, str] = dataclasses.field(default_factory=dict)
     last_success: str | None = None
     verify: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: The target's shared delete budget, or None when it has none.
+    budget: BudgetState | None = None
 
 
 def oldest_pending_age(
@@ -166,6 +172,7 @@ class RunStateCollector:
             latency=store.latency(target),
             last_success=store.last_success(target),
             verify=store.last_verify(target),
+            budget=budget.state() if (budget := self.runtime.budget(target)) else None,
         )
 
 
@@ -199,6 +206,39 @@ def _add_target(fams: _Families, state: TargetState, now: float) -> None:
     _add_run_state(fams, state, now)
     _add_run_counts(fams, state)
     _add_history(fams, state)
+    _add_budget(fams, state.target, state.budget)
+
+
+#: The budget's series: (name, kind, help, BudgetState field).
+_BUDGET_SERIES = (
+    ("delete_budget_keys_per_second", "gauge", "The target's delete_rate ceiling", "ceiling"),
+    ("delete_rate_keys_per_second", "gauge",
+     "The shared delete rate now: the ceiling, lowered while S3 answers SlowDown", "rate"),
+    ("delete_budget_paused_seconds", "gauge",
+     "Seconds the budget stays paused for a Retry-After, or 0", "paused_for"),
+    ("delete_budget_reserved_keys", "counter",
+     "Keys the workers drew from the budget; rate() of it is the fleet's delete rate",
+     "reserved_keys"),
+    ("delete_throttles", "counter",
+     "Delete requests S3 throttled (SlowDown in any form), as the workers reported them",
+     "throttles"),
+    ("delete_budget_wait_seconds", "counter",
+     "Seconds batches were told to wait for the budget before sending", "wait_seconds"),
+    ("delete_budget_deferred", "counter",
+     "Batches handed back because their budget was further off than they may wait",
+     "deferred"),
+)  # fmt: skip
+
+
+def _add_budget(fams: _Families, target: str, budget: BudgetState | None) -> None:
+    """The target's shared delete budget (see :mod:`digest_cleanup.pipeline.budget`); a
+    target without one adds no series, but the families exist."""
+    for name, kind, doc, field in _BUDGET_SERIES:
+        family = (fams.gauge if kind == "gauge" else fams.counter)(
+            f"digest_cleanup_{name}", doc, ["target"]
+        )
+        if budget is not None:
+            family.add_metric([target], getattr(budget, field))
 
 
 def _add_run_state(fams: _Families, state: TargetState, now: float) -> None:

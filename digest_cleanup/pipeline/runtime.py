@@ -20,6 +20,7 @@ import redis
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import Target, Targets, load_targets
 from digest_cleanup.kinds import TargetKind
+from digest_cleanup.pipeline.budget import DeleteBudget
 from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, Dispatcher
 from digest_cleanup.pipeline.runs import RunStore
@@ -41,6 +42,7 @@ class Runtime:
         self._dispatcher = dispatcher
         self._lock = threading.Lock()
         self._kinds: dict[str, TargetKind] = {}
+        self._budgets: dict[str, DeleteBudget | None] = {}
 
     @property
     def targets(self) -> Targets:
@@ -96,6 +98,18 @@ class Runtime:
                 kind = self._kinds[name] = self.targets.get(name).make_kind(self.settings)
             return kind
 
+    def budget(self, name: str) -> DeleteBudget | None:
+        """Target ``name``'s shared delete budget, or None when it has none."""
+        with self._lock:
+            if name not in self._budgets:
+                rate = self.targets.get(name).delete_budget(self.settings)
+                self._budgets[name] = (
+                    DeleteBudget(self.redis, self.settings.key_prefix, name, rate)
+                    if rate > 0
+                    else None
+                )
+            return self._budgets[name]
+
     def prepare(self) -> None:
         """Build every target's clients now (see :meth:`TargetKind.prepare`); never raises.
 
@@ -126,6 +140,7 @@ class Runtime:
         self.__dict__.pop("store", None)
         self.__dict__.pop("dead_letters", None)
         self._kinds = {}
+        self._budgets = {}
         self._lock = threading.Lock()
 
     def close(self) -> None:

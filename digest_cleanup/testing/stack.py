@@ -182,7 +182,8 @@ class Stack:
         ]
         if queues:
             argv.append(f"--queues={queues}")
-        proc = self.start("worker", argv, env)
+        # Celery lets a configured pool win over --pool=prefork; the setting makes it hold.
+        proc = self.start("worker", argv, {"CLEANUP_WORKER_POOL": pool, **(env or {})})
         return proc.wait_ready() if ready else proc
 
     def beat(

@@ -21,6 +21,12 @@ from digest_cleanup.worker.dispatch import BATCH_TASK, SWEEP_TASK, TRIGGER_TASK,
 #: leaves a killed worker's batch waiting ~100 s longer than it must.
 UNACKED_RESTORE_INTERVAL = 5
 
+#: Threads of a worker in the threads pool started without ``--concurrency``.  Against AWS
+#: S3 the shared delete budget, not the pool, sets the pace, and a handful of 500-key
+#: deletes in flight reach it; against a local server 64 threads kept the server busy
+#: (measured in BENCHMARKS.md).  A sweep slice takes one of them while it runs.
+DEFAULT_THREADS = 64
+
 TASKS = ("digest_cleanup.worker.tasks.sweep", "digest_cleanup.worker.tasks.batch")
 
 
@@ -56,6 +62,10 @@ def create_app(
         task_reject_on_worker_lost=True,
         # One message per process at a time, so a slow batch does not hold others hostage.
         worker_prefetch_multiplier=1,
+        # A plain `celery -A digest_cleanup worker` is the fast layout: threads, many
+        # deletes in flight (CLEANUP_WORKER_POOL picks another pool; --concurrency wins).
+        worker_pool=settings.worker_pool,
+        worker_concurrency=DEFAULT_THREADS if settings.worker_pool == "threads" else None,
         # Flower needs events to show tasks.
         worker_send_task_events=True,
         task_send_sent_event=True,
