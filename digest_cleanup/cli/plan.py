@@ -61,6 +61,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     service = ServiceTimes.from_timings(rows)
     sizes = {t.batch_size for t in targets}
     batch_size = sizes.pop() if len(sizes) == 1 else DEFAULT_BATCH_SIZE
+    # Targets run side by side, each under its own budget; one without a budget has none.
+    budgets = [t.delete_budget(ctx.settings) for t in targets]
+    budget = sum(budgets) if all(budgets) else 0.0
     result = plan(
         args.artifacts,
         window,
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         visibility_timeout=ctx.settings.visibility_timeout,
         utilization=args.utilization,
         per_worker=args.per_worker,
+        delete_budget=budget,
     )
     if args.json:
         print_json(result.as_dict() | {"targets": [t.name for t in targets]})
@@ -98,6 +102,18 @@ def describe(result: Plan, targets: list[str]) -> str:
         f"  full speed {result.peak_deletes_per_second:,.0f} deletes/s; the guard pass lists "
         "every key before the first delete, so leave the window room for it",
     ]
+    if result.budget_seconds is not None:
+        lines.append(
+            f"  budget     {result.delete_budget:,.0f} keys/s (delete_rate) shared by every "
+            f"worker: {result.artifacts:,} keys take at least "
+            f"{_duration(result.budget_seconds)} plus one listing; "
+            f"{result.saturating_consumers} delete slot"
+            f"{'s' if result.saturating_consumers != 1 else ''} "
+            f"({result.saturating_workers} worker{'s' if result.saturating_workers != 1 else ''}) "
+            "saturate it, and more only wait on it"
+        )
+    else:
+        lines.append("  budget     none (delete_rate = 0, or not AWS S3): nothing paces deletes")
     lines += [f"  warning    {w}" for w in result.warnings]
     return "\n".join(lines)
 

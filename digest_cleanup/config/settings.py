@@ -56,6 +56,11 @@ WORKER_POOLS = ("threads", "prefork", "solo", "gevent", "eventlet")
 #: the shared delete budget, not on the CPU, so threads keep many in flight for little
 #: memory, and leave the host's cores to the S3 client's own work.
 DEFAULT_WORKER_POOL = "threads"
+#: Threads of a worker in the threads pool started without ``--concurrency``.  Against AWS
+#: S3 the shared delete budget, not the pool, sets the pace, and a handful of 500-key
+#: deletes in flight reach it; against a local server 64 threads kept the server busy
+#: (measured in BENCHMARKS.md).  A sweep slice takes one of them while it runs.
+DEFAULT_WORKER_THREADS = 64
 
 
 @dataclasses.dataclass(frozen=True)

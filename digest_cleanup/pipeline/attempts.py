@@ -231,7 +231,7 @@ def _follow_up_and_record(
         budget_wait=round(budget_wait, 3),
     )
     _send_follow_ups(runtime, payload, task_id, decided, report, reason, message)
-    record = _batch_record(payload, decided, started, delete_seconds)
+    record = _batch_record(payload, decided, started + budget_wait, delete_seconds)
     report.recorded = runtime.store.record(payload.run_id, payload.target, record)
     if report.recorded == "duplicate":
         report.status = "duplicate"

@@ -11,12 +11,17 @@ From those, for ``artifacts`` keys to be deleted within ``window`` seconds:
 * consumers (delete slots: pool processes or threads) =
   ``λ * S / utilization``, rounded up.
 
+With a shared delete budget of ``B`` keys/s (the target's ``delete_rate``), no
+run is faster than ``artifacts / B`` seconds, and ``B * t`` slots saturate the
+budget: more only wait on it.  The plan says both.
+
 The utilization target leaves headroom for retries, a slow store and the guard
-pass, which lists every key before the first delete.  Two warnings come with a
-plan: the delete rate the slots would reach at full speed past S3's documented
-3,500 DELETE requests per second per prefix (S3 answers ``SlowDown``), and a
-p99 batch time too close to the broker's visibility timeout (past it, Redis hands
-the batch to a second worker while the first is still deleting).
+pass, which lists every key before the first delete.  Warnings come with a
+plan: a window the budget cannot meet; without a budget, the delete rate the
+slots would reach at full speed past S3's documented 3,500 writes per second
+per prefix (S3 answers ``SlowDown``); and a p99 batch time too close to the
+broker's visibility timeout (past it, Redis hands the batch to a second worker
+while the first is still deleting).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import re
 import statistics
 from collections.abc import Sequence
 
+from digest_cleanup.config.settings import DEFAULT_WORKER_THREADS
 from digest_cleanup.errors import UsageError
 
 #: The utilization a plan aims for unless told otherwise.
@@ -35,8 +41,8 @@ DEFAULT_UTILIZATION = 0.6
 S3_DELETES_PER_PREFIX = 3500
 #: A p99 batch time above this share of the visibility timeout gets a warning.
 VISIBILITY_SHARE = 0.25
-#: Delete slots one worker process is sized for in the suggested layout.
-DEFAULT_PER_WORKER = 8
+#: Delete slots one worker process is sized for in the suggested layout: a plain worker's.
+DEFAULT_PER_WORKER = DEFAULT_WORKER_THREADS
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 _UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
@@ -107,6 +113,12 @@ class Plan:
     #: Deletes per second the suggested slots reach when they all run flat out.
     peak_deletes_per_second: float
     warnings: list[str]
+    #: The shared delete budget in keys/s (0: none), and what it implies: the shortest
+    #: a run of ``artifacts`` can take, and the slots and workers that saturate it.
+    delete_budget: float = 0.0
+    budget_seconds: float | None = None
+    saturating_consumers: int | None = None
+    saturating_workers: int | None = None
 
     def as_dict(self) -> dict[str, object]:
         data = dataclasses.asdict(self)
@@ -123,8 +135,12 @@ def plan(
     visibility_timeout: float,
     utilization: float = DEFAULT_UTILIZATION,
     per_worker: int = DEFAULT_PER_WORKER,
+    delete_budget: float = 0.0,
 ) -> Plan:
-    """Size the delete slots for ``artifacts`` keys in ``window_seconds``."""
+    """Size the delete slots for ``artifacts`` keys in ``window_seconds``.
+
+    ``delete_budget`` is the shared keys-per-second budget (0: none).
+    """
     if artifacts < 1:
         raise UsageError(f"--artifacts: {artifacts} must be at least 1")
     if window_seconds <= 0:
@@ -142,7 +158,8 @@ def plan(
     concurrency = math.ceil(consumers / workers)
     peak = workers * concurrency * batch_size / batch_seconds
     needed = artifacts / window_seconds
-    warnings = _warnings(needed, peak, service, visibility_timeout)
+    warnings = _warnings(needed, peak, service, visibility_timeout, delete_budget)
+    saturating = max(1, math.ceil(delete_budget * service.per_key)) if delete_budget else None
     return Plan(
         artifacts=artifacts,
         window_seconds=window_seconds,
@@ -159,15 +176,32 @@ def plan(
         concurrency=concurrency,
         peak_deletes_per_second=peak,
         warnings=warnings,
+        delete_budget=delete_budget,
+        budget_seconds=artifacts / delete_budget if delete_budget else None,
+        saturating_consumers=saturating,
+        saturating_workers=math.ceil(saturating / per_worker) if saturating else None,
     )
 
 
 def _warnings(
-    needed: float, peak: float, service: ServiceTimes, visibility_timeout: float
+    needed: float,
+    peak: float,
+    service: ServiceTimes,
+    visibility_timeout: float,
+    budget: float,
 ) -> list[str]:
-    """What makes a plan risky: S3's per-prefix delete rate, and slow batches."""
+    """What makes a plan risky: the delete budget or S3's per-prefix rate, and slow batches."""
     warnings = []
-    if needed > S3_DELETES_PER_PREFIX:
+    if budget:
+        # The budget holds the fleet under it however many slots run: only the window can fail.
+        if needed > budget:
+            warnings.append(
+                f"the window needs {needed:,.0f} deletes/s, past the delete budget of "
+                f"{budget:,.0f} keys/s (delete_rate): widen the window, or raise delete_rate "
+                "if S3 has partitioned the prefix (ask AWS support), or split the target by "
+                "prefix"
+            )
+    elif needed > S3_DELETES_PER_PREFIX:
         warnings.append(
             f"the window needs {needed:,.0f} deletes/s, past S3's {S3_DELETES_PER_PREFIX:,} "
             "DELETE requests/s per prefix: S3 will answer SlowDown; widen the window or "

@@ -40,6 +40,8 @@ class MemoryKind(TargetKind):
     name = "memory"
     Options = MemoryOptions
     max_batch_size: ClassVar[int] = 1000
+    #: A scripted ``SlowDown`` is a throttle, as S3's is.
+    throttle_codes: ClassVar[frozenset[str]] = frozenset({"SlowDown"})
 
     def scan(self, cutoff: datetime, start_after: str | None = None) -> Iterator[Page]:
         with _LOCK:

@@ -9,7 +9,7 @@ from typing import Any
 from celery import Celery, signals
 from kombu.entity import Queue
 
-from digest_cleanup.config.settings import Settings
+from digest_cleanup.config.settings import DEFAULT_WORKER_THREADS, Settings
 from digest_cleanup.config.targets import Targets
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
 from digest_cleanup.pipeline.runtime import Runtime
@@ -20,12 +20,6 @@ from digest_cleanup.worker.dispatch import BATCH_TASK, SWEEP_TASK, TRIGGER_TASK,
 #: visibility timeout.  The default (10 s, and a scan on only every 10th tick)
 #: leaves a killed worker's batch waiting ~100 s longer than it must.
 UNACKED_RESTORE_INTERVAL = 5
-
-#: Threads of a worker in the threads pool started without ``--concurrency``.  Against AWS
-#: S3 the shared delete budget, not the pool, sets the pace, and a handful of 500-key
-#: deletes in flight reach it; against a local server 64 threads kept the server busy
-#: (measured in BENCHMARKS.md).  A sweep slice takes one of them while it runs.
-DEFAULT_THREADS = 64
 
 TASKS = ("digest_cleanup.worker.tasks.sweep", "digest_cleanup.worker.tasks.batch")
 
@@ -65,7 +59,7 @@ def create_app(
         # A plain `celery -A digest_cleanup worker` is the fast layout: threads, many
         # deletes in flight (CLEANUP_WORKER_POOL picks another pool; --concurrency wins).
         worker_pool=settings.worker_pool,
-        worker_concurrency=DEFAULT_THREADS if settings.worker_pool == "threads" else None,
+        worker_concurrency=DEFAULT_WORKER_THREADS if settings.worker_pool == "threads" else None,
         # Flower needs events to show tasks.
         worker_send_task_events=True,
         task_send_sent_event=True,
