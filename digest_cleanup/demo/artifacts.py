@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from digest_cleanup.config.targets import DEFAULT_BATCH_SIZE
 from digest_cleanup.testing.seed import create_bucket, digest_layout_keys, seed_keys
 
 #: The bucket of the demo, the same name as in the compose stack's targets file.
@@ -21,8 +22,8 @@ OUTSIDE_PREFIX = "receipts/"
 #: are expired statements (120k: 110,000 expired, 6,000 fresh, 4,000 receipts).
 FRESH_SHARE = 1 / 20
 OUTSIDE_SHARE = 1 / 30
-#: Keys per DeleteObjects: the most S3 takes in one request.
-BATCH_SIZE = 1000
+#: Keys per batch: the targets file's default, which the demo keeps (it sets none).
+BATCH_SIZE = DEFAULT_BATCH_SIZE
 #: How long a real deployment keeps the statements.  Here it only names the weeks in
 #: the keys: S3 stamps every object "now", so the demo's target keeps nothing
 #: (``retention_days = 0``) and the run's cutoff is taken between the uploads.
@@ -86,5 +87,4 @@ def targets_toml(bucket: str) -> str:
         # run's cutoff falls between the uploads, which only a zero retention allows.
         "retention_days = 0\n"
         'schedule = "0 3 * * 0"\n'
-        f"batch_size = {BATCH_SIZE}\n"
     )

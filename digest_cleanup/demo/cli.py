@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from digest_cleanup.config.settings import DEFAULT_WORKER_THREADS
 from digest_cleanup.demo.artifacts import AUDIT_BUCKET, DEFAULT_BUCKET, TARGET, seed_artifacts
 from digest_cleanup.demo.phases import say
 from digest_cleanup.demo.weekly import run_demo
@@ -12,10 +13,9 @@ from digest_cleanup.testing.seed import create_bucket
 
 #: Artifacts seeded by default: one weekly digest of the ~120k-customer product.
 DEFAULT_KEYS = 120_000
-#: Workers and pool processes: the work is I/O-bound (S3 round trips), so a
-#: 2-core machine runs more processes than cores.
-DEFAULT_WORKERS = 2
-DEFAULT_CONCURRENCY = 3
+#: Workers: one plain ``celery -A digest_cleanup worker``, as the deploy files start it
+#: (the threads pool, DEFAULT_WORKER_THREADS threads).
+DEFAULT_WORKERS = 1
 
 
 def run_seed(args: argparse.Namespace) -> int:
@@ -42,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keys", type=int, default=DEFAULT_KEYS, help="artifacts to seed")
     parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="worker processes")
     parser.add_argument(
-        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="pool processes per worker"
+        "--concurrency",
+        type=int,
+        default=None,
+        help=f"threads per worker (default: a plain worker's {DEFAULT_WORKER_THREADS})",
     )
     parser.add_argument(
         "--keep", action="store_true", help="leave the stack and Flower up until Ctrl-C"
@@ -63,6 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run the demo, or the ``seed`` command, as the command line asks; its exit status."""
     args = build_parser().parse_args(argv)
     for name in ("keys", "count", "workers", "concurrency"):
-        if getattr(args, name, 1) < 1:
+        if (getattr(args, name, 1) or 1) < 1:
             build_parser().error(f"--{name} must be at least 1")
     return int(args.handler(args))

@@ -9,6 +9,7 @@ from datetime import datetime
 from types import FrameType
 from typing import NoReturn
 
+from digest_cleanup.config.settings import DEFAULT_WORKER_THREADS
 from digest_cleanup.demo.artifacts import (
     AUDIT_BUCKET,
     DEFAULT_BUCKET,
@@ -87,12 +88,15 @@ def _weekly_run(embedded: EmbeddedStack, args: argparse.Namespace) -> bool:
     return code == 0 and report_ok and verify.code == 0
 
 
-def _start_workers(stack: Stack, workers: int, concurrency: int) -> None:
-    """Start every worker at once, then wait until each says it is ready."""
-    started = [stack.worker(concurrency=concurrency, ready=False) for _ in range(workers)]
+def _start_workers(stack: Stack, workers: int, concurrency: int | None) -> None:
+    """Start every worker at once, plain as the deploy files do, then wait until each is ready."""
+    started = [
+        stack.worker(pool=None, concurrency=concurrency, ready=False) for _ in range(workers)
+    ]
     for worker in started:
         worker.wait_ready()
-    say(f"    {workers} workers x {concurrency} processes")
+    threads = concurrency or DEFAULT_WORKER_THREADS
+    say(f"    {workers} worker{'s' if workers != 1 else ''} x {threads} threads")
 
 
 def _run(stack: Stack, cutoff: datetime) -> int:

@@ -152,8 +152,8 @@ class Stack:
     def worker(
         self,
         *,
-        concurrency: int = 2,
-        pool: str = "prefork",
+        concurrency: int | None = 2,
+        pool: str | None = "prefork",
         queues: str | None = None,
         env: Mapping[str, str] | None = None,
         ready: bool = True,
@@ -161,6 +161,9 @@ class Stack:
         prefix: Sequence[str] = (),
     ) -> Process:
         """Start ``celery -A digest_cleanup worker`` and wait until it is ready.
+
+        ``pool`` and ``concurrency`` None start it as a plain worker does (the app's
+        default pool and size).
 
         ``prefix`` comes before the command, such as ``ip netns exec HOST`` to run
         the worker on another (network-namespace) host.
@@ -173,8 +176,8 @@ class Stack:
             "digest_cleanup",
             "worker",
             "--loglevel=INFO",
-            f"--concurrency={concurrency}",
-            f"--pool={pool}",
+            *([f"--concurrency={concurrency}"] if concurrency else []),
+            *([f"--pool={pool}"] if pool else []),
             f"--hostname=w{self._count}@%h",
             "--without-mingle",
             "--without-gossip",
@@ -183,7 +186,8 @@ class Stack:
         if queues:
             argv.append(f"--queues={queues}")
         # Celery lets a configured pool win over --pool=prefork; the setting makes it hold.
-        proc = self.start("worker", argv, {"CLEANUP_WORKER_POOL": pool, **(env or {})})
+        pinned = {"CLEANUP_WORKER_POOL": pool} if pool else {}
+        proc = self.start("worker", argv, {**pinned, **(env or {})})
         return proc.wait_ready() if ready else proc
 
     def beat(

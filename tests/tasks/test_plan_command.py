@@ -89,7 +89,9 @@ def test_the_text_plan_shows_the_formula_and_the_warnings(configured, redis_clie
     assert "/ 0.6 utilization" in out
     assert "delete slots" in out
     assert "visibility timeout" in out
-    assert "SlowDown" in out  # 4,000 deletes/s is past S3's 3,500 per prefix
+    # 4,000 deletes/s is past the budget an AWS S3 target has by default
+    assert "past the delete budget of 3,300 keys/s (delete_rate)" in out
+    assert "1,200,000 keys take at least 6m3s plus one listing" in out
 
 
 def test_an_unknown_target_is_a_one_line_error(configured, capsys):

@@ -145,3 +145,26 @@ def test_a_bad_window_exits_2_with_one_line(capsys, tmp_path, monkeypatch):
     assert code == 2
     assert err.count("\n") == 1
     assert "--window: 'soon' is not a duration" in err
+
+
+def test_a_delete_budget_sets_the_shortest_run_and_the_slots_that_saturate_it():
+    # Given 1 ms per key (0.5 s per 500-key batch) and a budget of 3,300 keys/s
+    service = ServiceTimes.from_timings(STEADY)
+
+    # When 120,000 keys are planned for an hour
+    result = plan(
+        120_000, 3600, service, batch_size=500, visibility_timeout=300, delete_budget=3300
+    )
+
+    # Then no run is shorter than keys / budget, and 3,300 x 1 ms = 3.3 -> 4 slots saturate it
+    assert result.budget_seconds == pytest.approx(120_000 / 3300)
+    assert (result.saturating_consumers, result.saturating_workers) == (4, 1)
+    assert result.warnings == []
+
+
+def test_a_window_the_budget_cannot_meet_is_a_warning_that_names_the_setting():
+    service = ServiceTimes.from_timings(STEADY)
+    result = plan(120_000, 20, service, batch_size=500, visibility_timeout=300, delete_budget=3300)
+    (warning,) = result.warnings
+    assert "delete_rate" in warning
+    assert "6,000 deletes/s" in warning
