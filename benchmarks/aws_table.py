@@ -16,10 +16,12 @@ the same budget from a full bucket of tokens and the same draws of the throttle'
 form.  After each run the prefix is listed on ``weed`` itself, past the model, to
 count the keys left.
 
-No method can delete N keys in less than N / 3,500 seconds once it has listed
-them, so the **floor** is that plus one listing of the keys through the model,
-measured in the same invocation (one stream of pages with the pipeline's lean
-client, on the pipeline's copy before it runs, through a model of its own).
+No method can delete N keys in much less than N / 3,500 seconds once it has
+listed them, so the **floor** is that plus one listing of the keys through the
+model, measured in the same invocation (one stream of pages with the pipeline's
+lean client, on the pipeline's copy before it runs, through a model of its own).
+The model starts with a second's worth of tokens (its burst), so a method may
+come in under the floor by up to a second, which matters only on small runs.
 The pipeline holds its workers under one shared budget (``delete_rate`` in the
 targets file, set a little under AWS's figure) instead of finding the limit by
 being throttled, so it is expected near the floor and rarely throttled; the
@@ -81,6 +83,8 @@ class ModelRow:
     throttles: dict[str, int] = dataclasses.field(default_factory=dict)
     #: The most keys the model accepted in any one-second window.
     peak_keys: int = 0
+    #: ListObjectsV2 pages the model served during the run.
+    list_requests: int = 0
     note: str = ""
 
     def scaled_to(self, keys: int) -> float:
@@ -232,6 +236,7 @@ def _row(
         dead_letters=dead_letters,
         throttles={str(k): int(v) for k, v in dict(proxy.throttles_by_form()).items()},
         peak_keys=int(proxy.max_window_keys(1.0)),
+        list_requests=int(proxy.list_requests),
         note=note,
     )
 

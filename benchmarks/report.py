@@ -429,6 +429,10 @@ def condition_cost(results: Results) -> str:
     return "\n".join(lines)
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("s" if count != 1 else "")
+
+
 def _server_cores(results: Results) -> str:
     count = len(results.pinning.server)
     return "a core of its own" if count == 1 else f"{count} cores of its own"
@@ -552,6 +556,8 @@ def _model_note(row: ModelRow) -> str:
         parts.append(f"throttled: {', '.join(forms)}")
     if row.peak_keys:
         parts.append(f"peak {row.peak_keys:,} keys accepted in one second")
+    if row.list_requests:
+        parts.append(_plural(row.list_requests, "list request"))
     return "; ".join(parts)
 
 
@@ -614,7 +620,8 @@ def model_section(model: ModelTable, command: Sequence[str]) -> str:
             "with the pipeline's lean client and send the raw probe's 1000-key DeleteObjects "
             "from a stock client with boto3's retry mode: boto3 retries a throttled request "
             "within its attempts and never retries per-key errors, which stay as keys left.  "
-            "s5cmd reports per-key errors without retrying them.  `aws s3 rm` sends one "
+            "s5cmd reports per-key errors without retrying them; a tool whose note says "
+            "`exit 0` next to keys left did not report them.  `aws s3 rm` sends one "
             "DeleteObject per key and ran on a subset, extrapolated linearly; its keys left "
             "are of that subset.",
             "",
@@ -659,8 +666,8 @@ def limits(results: Results) -> str:
         shared = "on a server that shared the machine with Celery, Redis and the run store"
     else:
         clients = len(results.pinning.clients)
-        server = f"of its {len(results.pinning.server)} pinned core(s)"
-        where = f"on the other {clients} core(s), not the server's"
+        server = f"of its {_plural(len(results.pinning.server), 'pinned core')}"
+        where = f"on the other {_plural(clients, 'core')}, not the server's"
         shared = f"on a server with {_server_cores(results)}"
     return "\n".join(
         [
@@ -753,7 +760,7 @@ def markdown(results: Results, command: Sequence[str]) -> str:
         "",
     ]
     if results.model:
-        parts += [model_section(results.model, ["make bench"]), ""]
+        parts += [model_section(results.model, command), ""]
     parts += [
         "## Inside the pipeline runs",
         "",
