@@ -123,7 +123,8 @@ def test_two_workers_together_never_exceed_the_budget(
         stack.worker(queues="batches", pool="threads", concurrency=THREADS)
 
     # When a 6,000-key run goes through the model of S3
-    run = finished(store, start(stack, cutoff))
+    run_id = start(stack, cutoff)
+    run = finished(store, run_id)
 
     # Then both workers deleted, and together they never passed the budget at S3:
     # no second held more than a second of budget, plus the burst and one batch of slack
@@ -137,6 +138,13 @@ def test_two_workers_together_never_exceed_the_budget(
     # And they used it: the fleet ran at the budget, not below it
     assert fleet_rate(arrivals) >= 0.9 * BUDGET
     assert budget.state().reserved_keys == KEYS
+    # And status shows the budget the run kept to
+    status = stack.cli("status", run_id, "--json")
+    shown = status.json()["delete_budget"]
+    assert (shown["ceiling"], shown["rate"], shown["throttles"]) == (BUDGET, BUDGET, 0)
+    assert (
+        "delete rate    1,500 of 1,500 keys/s; 0 throttled" in stack.cli("status", run_id).stdout
+    )
 
 
 def test_a_slowdown_burst_lowers_the_rate_of_both_workers(

@@ -249,3 +249,33 @@ def test_unreachable_redis_exports_only_redis_up_zero(tmp_path):
 
     # Every other series goes absent, which is what the MetricsAbsent alert watches.
     assert samples == {("digest_cleanup_redis_up", frozenset()): 0}
+
+
+def test_the_delete_budget_series_follow_the_shared_budget(runtime):
+    # Given AWS S3 targets (their default budget) and a SlowDown on one of them
+    statements = runtime.budget("statements")
+    assert statements is not None
+    runtime.redis.delete(statements.key)
+    statements.reserve(500, max_wait=30)
+    statements.throttled()
+
+    # When scraped
+    seen = scrape(runtime)
+
+    # Then the throttled target's rate fell below its ceiling; the other's did not
+    t = frozenset({("target", "statements")})
+    r = frozenset({("target", "receipts")})
+    assert seen[("digest_cleanup_delete_budget_keys_per_second", t)] == 3300
+    assert seen[("digest_cleanup_delete_rate_keys_per_second", t)] == pytest.approx(3300 * 0.7)
+    assert seen[("digest_cleanup_delete_throttles_total", t)] == 1
+    assert seen[("digest_cleanup_delete_budget_reserved_keys_total", t)] == 500
+    assert seen[("digest_cleanup_delete_rate_keys_per_second", r)] == 3300
+
+
+def test_a_target_without_a_budget_exports_no_budget_series(redis_url, tmp_path):
+    path = tmp_path / "targets.toml"
+    path.write_text(TARGETS)
+    local = Runtime(
+        Settings(broker_url=redis_url, targets_file=path, s3_endpoint_url="http://s3:8333")
+    )
+    assert not [name for name, _ in scrape(local) if "delete_budget" in name]
