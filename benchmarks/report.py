@@ -623,7 +623,13 @@ def model_section(model: ModelTable, command: Sequence[str]) -> str:
             "s5cmd reports per-key errors without retrying them; a tool whose note says "
             "`exit 0` next to keys left did not report them.  `aws s3 rm` sends one "
             "DeleteObject per key and ran on a subset, extrapolated linearly; its keys left "
-            "are of that subset.",
+            "are of that subset."
+            + (
+                "  A row that left keys was done sooner by not deleting them: its time and "
+                "its ratio to the floor are for less work, not faster work."
+                if any(row.left for row in model.rows)
+                else ""
+            ),
             "",
             "### The pipeline's run through the model",
             "",
