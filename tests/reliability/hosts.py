@@ -20,7 +20,7 @@ import select
 import socket
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from digest_cleanup.testing.servers import LOOPBACK, require
 from digest_cleanup.testing.tools import require_tool
@@ -33,6 +33,20 @@ def require_namespaces() -> None:
     """Skip (or fail, under CI) unless this process may create network namespaces."""
     require_tool("ip")
     require(os.geteuid() == 0, "network namespaces need root (CI runs as root)", install=None)
+
+
+@contextlib.contextmanager
+def worker_hosts(*indexes: int) -> Iterator[list[Host]]:
+    """Hosts of these indexes (each its own 10.231.N.0/30), deleted again whatever happens."""
+    require_namespaces()
+    made: list[Host] = []
+    try:
+        for index in indexes:
+            made.append(Host(index).create())
+        yield made
+    finally:
+        for host in made:
+            host.destroy()
 
 
 class Host:

@@ -13,7 +13,7 @@ from digest_cleanup.pipeline.runs import RunStore
 from digest_cleanup.testing.stack import Process
 from tests.conftest import s3_targets
 from tests.reliability.conftest import Outcome, seed_scenario, start_run, store_for, wait_finished
-from tests.reliability.hosts import Host, Relay, require_namespaces
+from tests.reliability.hosts import Host, Relay, worker_hosts
 
 pytestmark = pytest.mark.slow
 
@@ -25,15 +25,8 @@ VISIBILITY_SECONDS = 6
 @pytest.fixture
 def hosts() -> Iterator[list[Host]]:
     """Two worker hosts, deleted again whatever the test does."""
-    require_namespaces()
-    made: list[Host] = []
-    try:
-        for index in (1, 2):
-            made.append(Host(index).create())
+    with worker_hosts(1, 2) as made:
         yield made
-    finally:
-        for host in made:
-            host.destroy()
 
 
 @pytest.mark.timeout(900)

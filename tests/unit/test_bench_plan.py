@@ -5,7 +5,7 @@ from __future__ import annotations
 from benchmarks.pipeline import Layout
 from benchmarks.run import _plan
 
-LAYOUTS = [Layout.parse("default"), Layout.parse("sweeps:prefork:1+batches:threads:64@1000")]
+LAYOUTS = 2
 PROBE_THREADS = [64, 128]
 
 
@@ -14,20 +14,21 @@ def test_every_measurement_has_its_own_bucket():
     assert len({step.bucket for step in steps}) == len(steps)
 
 
-def test_each_round_holds_every_probe_and_every_candidate_layout():
+def test_each_round_holds_every_baseline_and_every_layout():
     plan = _plan(LAYOUTS, 3, PROBE_THREADS)
     assert len(plan) == 3
-    for round_, steps in enumerate(plan):
-        assert sorted(s.probe_threads for s in steps if s.probe_threads) == PROBE_THREADS
-        layouts = [s.layout for s in steps if not s.probe_threads]
-        # Celery's defaults are the reference point: measured in the first round only.
-        assert layouts == ([0, 1] if round_ == 0 else [1])
+    for steps in plan:
+        # Each probe thread count twice, sending the listed ETags and bare, and s5cmd once
+        probes = sorted((s.probe_threads, s.conditional) for s in steps if s.kind == "probe")
+        assert probes == [(n, c) for n in PROBE_THREADS for c in (False, True)]
+        assert [s.kind for s in steps].count("s5cmd") == 1
+        assert [s.layout for s in steps if s.kind == "pipeline"] == [0, 1]
 
 
-def test_probes_go_first_in_even_rounds_and_last_in_odd_ones():
+def test_baselines_go_first_in_even_rounds_and_last_in_odd_ones():
     for round_, steps in enumerate(_plan(LAYOUTS, 4, PROBE_THREADS)):
-        kinds = ["probe" if s.probe_threads else "pipeline" for s in steps]
-        first, last = ("probe", "pipeline") if round_ % 2 == 0 else ("pipeline", "probe")
+        kinds = ["pipeline" if s.kind == "pipeline" else "baseline" for s in steps]
+        first, last = ("baseline", "pipeline") if round_ % 2 == 0 else ("pipeline", "baseline")
         assert kinds == sorted(kinds, key=lambda k: k != first), kinds
         assert kinds[-1] == last
 
