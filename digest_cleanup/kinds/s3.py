@@ -47,9 +47,18 @@ LIST_PAGE_SIZE = 1000
 #: allows 3,500 writes per second per partitioned prefix and counts every key of a
 #: DeleteObjects as one; this leaves a little for the renderer's own writes.
 AWS_DELETE_RATE = 3300.0
-#: Codes with which S3 (and S3-compatible servers) push back on the request rate.
+#: Codes with which S3 (and S3-compatible servers) push back on the request rate.  A bare
+#: 503 (no code in its body) and ServiceUnavailable count too: S3 documents its 503 as
+#: "Slow Down", and backing off from an overloaded server is right whatever it says.
 THROTTLE_CODES = frozenset(
-    {"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests", "503"}
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "TooManyRequests",
+        "ServiceUnavailable",
+        "503",
+    }
 )
 
 
