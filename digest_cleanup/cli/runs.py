@@ -71,6 +71,8 @@ def cmd_targets(args: argparse.Namespace, ctx: Context) -> int:
             "retention_days": t.retention_days,
             "batch_size": t.batch_size,
             "max_delete": t.max_delete,
+            # Keys/s every worker shares; 0 when the target has no budget.
+            "delete_rate": t.delete_budget(ctx.settings),
             "last_slot": t.last_slot(utcnow()).isoformat(),
         }
         try:
@@ -84,13 +86,29 @@ def cmd_targets(args: argparse.Namespace, ctx: Context) -> int:
         print_json({"targets": rows})
     else:
         table(
-            [r | {"location": r["location"] or "?"} for r in rows],
-            ["name", "kind", "location", "schedule", "retention_days", "batch_size", "max_delete"],
+            [
+                r | {"location": r["location"] or "?", "delete_rate": _rate(r["delete_rate"])}
+                for r in rows
+            ],
+            [
+                "name",
+                "kind",
+                "location",
+                "schedule",
+                "retention_days",
+                "batch_size",
+                "max_delete",
+                "delete_rate",
+            ],
         )
         for row in rows:
             if "problem" in row:
                 print(f"{row['name']}: location unknown here: {row['problem']}")
     return EXIT_OK
+
+
+def _rate(rate: float) -> str:
+    return f"{rate:,.0f}/s" if rate else "none"
 
 
 def cmd_run(args: argparse.Namespace, ctx: Context) -> int:

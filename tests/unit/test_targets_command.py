@@ -40,6 +40,7 @@ def targets_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "targets.toml"
     path.write_text(TARGETS)
     monkeypatch.setenv("CLEANUP_TARGETS_FILE", str(path))
+    monkeypatch.delenv("CLEANUP_S3_ENDPOINT_URL", raising=False)  # AWS S3, and its budget
     return path
 
 
@@ -55,7 +56,7 @@ def test_targets_lists_kind_schedule_retention_and_guard_without_the_dsn(
     assert main(["targets"]) == 0
     as_text = capsys.readouterr().out
 
-    # Then each target shows its kind, location, schedule, retention and max_delete
+    # Then each target shows its kind, location, schedule, retention, max_delete and budget
     rows = {row["name"]: row for row in json.loads(as_json)["targets"]}
     assert {k: rows["snapshots"][k] for k in ("kind", "location", "schedule")} == {
         "kind": "postgres",
@@ -68,8 +69,11 @@ def test_targets_lists_kind_schedule_retention_and_guard_without_the_dsn(
     snapshots_line = next(line for line in as_text.splitlines() if line.startswith("snapshots"))
     assert snapshots_line.split() == [
         "snapshots", "postgres", "postgres://public.snapshots",
-        "30", "3", "*", "*", "0", "14", "1000", "100000",
+        "30", "3", "*", "*", "0", "14", "1000", "100000", "none",
     ]  # fmt: skip
+    # and the delete budget: AWS S3's default for the bucket, none for the table
+    assert (rows["statements"]["delete_rate"], rows["snapshots"]["delete_rate"]) == (3300, 0)
+    assert "3,300/s" in next(line for line in as_text.splitlines() if line.startswith("statem"))
     # and neither output shows the DSN or its password
     for output in (as_json, as_text):
         assert PASSWORD not in output
