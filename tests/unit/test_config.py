@@ -57,6 +57,7 @@ def test_settings_defaults_and_values():
         ({"CLEANUP_AUDIT_URL": "/var/reports"}, "CLEANUP_AUDIT_URL"),
         ({"CLEANUP_LOG_FORMAT": "xml"}, "CLEANUP_LOG_FORMAT"),
         ({"CLEANUP_RETRY_BASE": "100", "CLEANUP_RETRY_CAP": "10"}, "CLEANUP_RETRY_BASE"),
+        ({"CLEANUP_WORKER_POOL": "fork"}, "CLEANUP_WORKER_POOL"),
     ],
 )
 def test_bad_setting_names_itself(env, name):
@@ -98,6 +99,8 @@ def test_targets_file_loads_with_defaults(tmp_path):
         (("batch_size = 500", 'batch_size = 500\nversions = "some"'), "versions"),
         (("batch_size = 500", 'batch_size = 500\nkind = "ftp"'), "unknown kind 'ftp'"),
         (("batch_size = 500", "batch_size = 500\nmax_delete = 0"), "max_delete"),
+        (("batch_size = 500", "batch_size = 500\ndelete_rate = -1"), "delete_rate"),
+        (("batch_size = 500", 'batch_size = 500\ndelete_rate = "fast"'), "keys per second"),
     ],
 )
 def test_bad_target_is_refused_with_the_field_named(change, message):
@@ -137,3 +140,25 @@ def test_last_slot_is_the_latest_crontab_instant():
     assert target.cutoff_for(datetime(2026, 11, 29, 3, 0, tzinfo=UTC)) == datetime(
         2026, 10, 30, 3, 0, tzinfo=UTC
     )
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "written", "budget"),
+    [
+        (None, "", 3300.0),  # AWS S3: a little under its 3,500 writes/s per prefix
+        ("https://s3.eu-west-1.amazonaws.com", "", 3300.0),
+        ("http://127.0.0.1:8333", "", 0.0),  # another server: AWS's figure says nothing
+        ("http://127.0.0.1:8333", "delete_rate = 1200\n", 1200.0),
+        (None, "delete_rate = 0\n", 0.0),  # turned off on AWS too
+    ],
+)
+def test_the_delete_budget_defaults_by_endpoint_and_the_target_can_set_it(
+    endpoint, written, budget
+):
+    target = parse_targets(GOOD + written).get("statements")
+    assert target.delete_budget(Settings(s3_endpoint_url=endpoint)) == budget
+
+
+def test_workers_default_to_the_threads_pool_and_prefork_can_be_asked_for():
+    assert Settings.from_env({}).worker_pool == "threads"
+    assert Settings.from_env({"CLEANUP_WORKER_POOL": "prefork"}).worker_pool == "prefork"
