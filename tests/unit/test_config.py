@@ -162,3 +162,12 @@ def test_the_delete_budget_defaults_by_endpoint_and_the_target_can_set_it(
 def test_workers_default_to_the_threads_pool_and_prefork_can_be_asked_for():
     assert Settings.from_env({}).worker_pool == "threads"
     assert Settings.from_env({"CLEANUP_WORKER_POOL": "prefork"}).worker_pool == "prefork"
+
+
+def test_a_plain_worker_is_the_fast_layout_and_an_asked_for_pool_holds():
+    from digest_cleanup.worker.app import create_app
+
+    plain = create_app(Settings.from_env({})).conf
+    assert (plain.worker_pool, plain.worker_concurrency) == ("threads", 64)
+    prefork = create_app(Settings.from_env({"CLEANUP_WORKER_POOL": "prefork"})).conf
+    assert (prefork.worker_pool, prefork.worker_concurrency) == ("prefork", None)
