@@ -343,7 +343,10 @@ class Runner:
 
     def _worker(self, stack: Stack, spec: WorkerSpec, index: int) -> Process:
         argv = [_celery(), "-A", "digest_cleanup", *spec.argv(f"bench{index}")]
-        return stack.start("worker", argv).wait_ready()
+        # Celery lets the app's configured pool (threads) win over --pool=prefork; the
+        # setting makes an asked-for pool hold.
+        env = {"CLEANUP_WORKER_POOL": spec.pool} if spec.pool else {}
+        return stack.start("worker", argv, env).wait_ready()
 
 
 class _Sampler(threading.Thread):

@@ -512,7 +512,8 @@ def acceptance(results: Results) -> list[str]:
         keys, time_ratio, rss = scaling_ratios(results.scaling)
         lines.append(
             _check(
-                rss <= TARGET_RSS_GROWTH,
+                # 0 means no RSS was read (no pool process to read it from): not met.
+                0 < rss <= TARGET_RSS_GROWTH,
                 f"sweep peak RSS at {results.scaling.runs[-1].keys:,} keys within "
                 f"{TARGET_RSS_GROWTH}x of its peak at {results.scaling.runs[0].keys:,}: {rss:.2f}x "
                 f"(time grew {time_ratio:.1f}x for {keys:.0f}x the keys)",
