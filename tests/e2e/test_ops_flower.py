@@ -7,7 +7,6 @@ whose screenshot is the one in the docs.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import os
@@ -15,7 +14,6 @@ import re
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +23,7 @@ from digest_cleanup.testing.faults import FaultProxy
 from digest_cleanup.testing.seed import digest_layout_keys, seed_keys
 from digest_cleanup.testing.servers import RedisServer, WeedServer, free_port
 from digest_cleanup.testing.stack import Stack, wait_for
-from digest_cleanup.testing.tools import require_tool
+from digest_cleanup.testing.webdriver import basic_auth, chromium
 from tests.conftest import REPO_ROOT, s3_targets
 from tests.e2e.test_ops import http_request
 
@@ -58,13 +56,9 @@ class Watched:
         return http_request(self.port, path)[0]
 
     def get(self, path: str) -> Any:
-        status, body = http_request(self.port, path, Authorization=_basic(FLOWER_AUTH))
+        status, body = http_request(self.port, path, Authorization=basic_auth(FLOWER_AUTH))
         assert status == 200, (path, status, body[:500])
         return json.loads(body) if path.startswith("/api/") else body
-
-
-def _basic(credentials: str) -> str:
-    return "Basic " + base64.b64encode(credentials.encode()).decode()
 
 
 @pytest.fixture(scope="module")
@@ -217,31 +211,20 @@ def test_flower_api_shows_workers_and_readable_tasks_but_never_a_key(watched):
 
 
 def test_flower_tasks_page_screenshot(watched, tmp_path):
-    chromium = require_tool("chromium")
-    chromedriver = require_tool("chromedriver")
     _tasks(watched)  # every batch has reached its final state
 
     # Given headless Chromium driven over chromedriver's W3C HTTP API
-    port = free_port()
-    driver = watched.stack.start("chromedriver", [chromedriver, f"--port={port}"])
-    wd = _WebDriver(port)
-    wait_for(lambda: driver.alive() and wd.ready(), 30, "chromedriver to start")
-    session = wd.new_session(chromium, tmp_path / "profile")
-    try:
+    with chromium(tmp_path, stack=watched.stack) as session:
         # When it opens Flower's tasks page with the basic-auth credentials
-        session.cdp("Network.enable", {})
-        headers = {"Authorization": _basic(FLOWER_AUTH)}
-        session.cdp("Network.setExtraHTTPHeaders", {"headers": headers})
-        session.post("url", {"url": watched.url + "/tasks"})
+        session.authenticate(FLOWER_AUTH)
+        session.open(watched.url + "/tasks")
         rows = wait_for(
             lambda: [r for r in session.script(ROWS_JS) if "batch" in r],
             60,
             "the tasks table to fill",
             interval=0.5,
         )
-        png = base64.b64decode(session.get("screenshot"))
-    finally:
-        session.close()
+        png = session.screenshot()
 
     # Then the page lists the batches by their labels, and the screenshot is a real PNG
     assert any(re.search(r"statements \S+ batch 3/3 \(200 keys\)", r) for r in rows), rows
@@ -263,65 +246,3 @@ ROWS_JS = (
     "return Array.from(document.querySelectorAll('#tasks-table tbody tr'))"
     ".map(function (row) { return row.innerText; });"
 )
-
-
-class _WebDriver:
-    """The few W3C WebDriver calls the screenshot needs, over plain HTTP."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        status, text = http_request(
-            self.port, path, method, data, **{"Content-Type": "application/json"}
-        )
-        assert status == 200, (method, path, text[:1000])
-        return json.loads(text)["value"]
-
-    def ready(self) -> bool:
-        try:
-            return bool(self.call("GET", "/status")["ready"])
-        except OSError:
-            return False
-
-    def new_session(self, chromium: str, profile: Path) -> _Session:
-        args = [
-            "--headless=new",
-            # Tests run as root, where Chromium's sandbox cannot start.
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            # The machine has no outside network: nothing may try to reach it.
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={profile}",
-            "--window-size=1600,820",
-        ]
-        options = {"binary": chromium, "args": args}
-        capabilities = {"browserName": "chrome", "goog:chromeOptions": options}
-        value = self.call("POST", "/session", {"capabilities": {"alwaysMatch": capabilities}})
-        return _Session(self, value["sessionId"])
-
-
-class _Session:
-    def __init__(self, driver: _WebDriver, session_id: str) -> None:
-        self.driver = driver
-        self.base = f"/session/{session_id}"
-
-    def get(self, path: str) -> Any:
-        return self.driver.call("GET", f"{self.base}/{path}")
-
-    def post(self, path: str, body: Any) -> Any:
-        return self.driver.call("POST", f"{self.base}/{path}", body)
-
-    def cdp(self, command: str, params: dict[str, Any]) -> Any:
-        return self.post("goog/cdp/execute", {"cmd": command, "params": params})
-
-    def script(self, source: str) -> Any:
-        return self.post("execute/sync", {"script": source, "args": []})
-
-    def close(self) -> None:
-        self.driver.call("DELETE", self.base)
