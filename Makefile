@@ -69,8 +69,10 @@ bench:  ## the 120k benchmark against the alternatives; writes BENCHMARKS.md
 reliability:  ## the fault suite (worker kills, Redis restarts, S3 faults); writes RELIABILITY.md
 	$(PYTHON) -m pytest -m slow tests/reliability $(PYTEST_ARGS)
 
-screenshot:  ## refresh docs/img/flower-tasks.png from a real run (needs chromium and chromedriver)
-	DC_UPDATE_SCREENSHOT=1 $(PYTHON) -m pytest tests/e2e/test_ops_flower.py -k screenshot $(PYTEST_ARGS)
+screenshot:  ## refresh docs/img/flower-tasks.png and console-*.png from real runs (chromium)
+	DC_UPDATE_SCREENSHOT=1 $(PYTHON) -m pytest $(PYTEST_ARGS) \
+		tests/e2e/test_ops_flower.py::test_flower_tasks_page_screenshot \
+		tests/e2e/test_console_browser.py
 
 worker:  ## a worker for the configured broker and targets (CLEANUP_* variables)
 	$(PYTHON) -m celery -A digest_cleanup worker --loglevel=INFO
