@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 #: The W3C key under which an element reference travels.
-ELEMENT: Final = "element-6066-11e4-a52f-4d656d6f3d4f"
+ELEMENT: Final = "element-6066-11e4-a52e-4f735466cecf"
 
 #: Chromium's flags for a test machine: headless, as root, and with no outside network.
 CHROMIUM_ARGS: Final[Sequence[str]] = (
