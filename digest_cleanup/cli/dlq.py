@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
 from digest_cleanup.cli.context import Command, print_json
-from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import UsageError
-from digest_cleanup.pipeline import audit
 from digest_cleanup.pipeline.dead_letter import Entry
 from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
 
@@ -116,58 +113,36 @@ def cmd_show(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_redrive(args: argparse.Namespace, ctx: Context) -> int:
     """Move the selected entries back; exit 1 when any was refused (it stays, with why)."""
-    from digest_cleanup.pipeline import redrive
+    from digest_cleanup.pipeline.dlq_actions import redrive_entries
 
     dlq = _queue(ctx)
-    entries = _select(args, dlq)
-    if args.dry_run:
-        refusals = [r for e in entries if (r := redrive.refusal(ctx.runtime, e)) is not None]
-        outcome = redrive.Outcome(refused=refusals)
-        movable = [e.id for e in entries if e.id not in {r.entry_id for r in refusals}]
-    else:
-        outcome = redrive.redrive(ctx.runtime, dlq, entries)
-        movable = outcome.moved
-    keys = sum(len(e.keys) for e in entries if e.id in movable)
-    result: dict[str, Any] = {
-        "dry_run": args.dry_run,
-        "selected": [e.id for e in entries],
-        "redriven": outcome.moved,
-        "would_redrive": movable if args.dry_run else [],
-        "refused": [dataclasses.asdict(r) for r in outcome.refused],
-        "keys": keys,
-    }
+    result = redrive_entries(ctx.runtime, _select(args, dlq), dry_run=args.dry_run)
     if args.json:
-        print_json(result)
+        print_json(result.as_dict())
     else:
         verb = "would redrive" if args.dry_run else "redrove"
-        print(f"{verb} {len(movable)} entries ({keys} keys)")
-        for entry_id in movable:
+        print(f"{verb} {len(result.movable)} entries ({result.keys} keys)")
+        for entry_id in result.movable:
             print(f"  {entry_id}")
-        if outcome.refused:
-            print(f"refused {len(outcome.refused)} entries; they stay in the queue:")
-            for r in outcome.refused:
+        if result.refused:
+            print(f"refused {len(result.refused)} entries; they stay in the queue:")
+            for r in result.refused:
                 print(f"  {r.entry_id}  {r.reason}: {r.message}")
-    return 1 if outcome.refused else 0
+    return 1 if result.refused else 0
 
 
 def cmd_purge(args: argparse.Namespace, ctx: Context) -> int:
     if not args.yes:
         raise UsageError("dlq purge drops entries for good; add --yes to confirm")
+    from digest_cleanup.pipeline.dlq_actions import purge_entries
+
     dlq = _queue(ctx)
-    entries = _select(args, dlq)
     command = "digest-cleanup " + shlex.join(sys.argv[1:])
-    records = dlq.purge(entries, command)
-    # Redis keeps the audit records; the audit location keeps them for good.
-    kept = audit.write_purge(ctx.settings, now_iso(), records)
+    result = purge_entries(ctx.runtime, _select(args, dlq), command)
     if args.json:
-        print_json(
-            {
-                "purged": [r["entry"]["id"] for r in records],
-                "audit_records": records,
-                "audit_url": kept,
-            }
-        )
+        print_json(result.as_dict())
     else:
+        kept = result.audit_url
         where = f"{dlq.key_prefix}:audit" + (f" and {kept}" if kept else "")
-        print(f"purged {len(records)} entries; audit records written to {where}")
+        print(f"purged {len(result.records)} entries; audit records written to {where}")
     return 0

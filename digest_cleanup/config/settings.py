@@ -98,6 +98,14 @@ class Settings:
     aws_session_token: str | None = dataclasses.field(default=None, repr=False)
     aws_region: str | None = None
     aws_profile: str | None = None
+    #: The console's admin, ``(user, password)`` from ``CLEANUP_CONSOLE_AUTH``; unset, the
+    #: console refuses to start, since it never runs open.
+    console_auth: tuple[str, str] | None = dataclasses.field(default=None, repr=False)
+    #: The console's read-only users, from ``CLEANUP_CONSOLE_VIEWERS=user:pw,...``.
+    console_viewers: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
+    #: Where the console is reached (``https://ops.example/cleanup``), so that a dead
+    #: letter's Flower label can link to its page; unset, labels carry no link.
+    console_url: str | None = None
     #: Environment values that target kinds may name (DSNs and other secrets).
     env: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
@@ -158,6 +166,9 @@ class Settings:
             aws_session_token=env.get("AWS_SESSION_TOKEN") or None,
             aws_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
             aws_profile=env.get("AWS_PROFILE") or None,
+            console_auth=_credentials(env, "CLEANUP_CONSOLE_AUTH"),
+            console_viewers=_viewers(env),
+            console_url=_console_url(env),
             env=env,
         )
         if settings.retry_base > settings.retry_cap:
@@ -179,6 +190,8 @@ class Settings:
         found = [self.aws_secret_access_key, self.aws_session_token, self.aws_access_key_id]
         found.append(self.log_hash_key)
         found.append(urlsplit(self.broker_url).password)
+        found.append(self.console_auth[1] if self.console_auth else None)
+        found.extend(password for _, password in self.console_viewers)
         for value in self.env.values():
             found.extend(connection_passwords(value))
         # Longest first, so a secret that contains another is masked whole.
@@ -246,6 +259,47 @@ def _log_hash_key(env: Mapping[str, str]) -> str | None:
             "'python3 -c \"import secrets; print(secrets.token_hex(32))\"'",
         )
     return key
+
+
+def _credentials(env: Mapping[str, str], name: str) -> tuple[str, str] | None:
+    raw = env.get(name) or None
+    return None if raw is None else _user_password(name, raw)
+
+
+def _user_password(name: str, raw: str) -> tuple[str, str]:
+    """``user:password``, both non-empty (the password may hold colons, the user not)."""
+    user, colon, password = raw.partition(":")
+    if not (colon and user.strip() and password):
+        raise SettingsError(
+            name,
+            "is not user:password with both parts set",
+            f"set it like {name}=ops:a-long-random-password",
+        )
+    return user.strip(), password
+
+
+def _viewers(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    name = "CLEANUP_CONSOLE_VIEWERS"
+    raw = env.get(name) or ""
+    viewers = tuple(_user_password(name, part.strip()) for part in raw.split(",") if part.strip())
+    users = [user for user, _ in viewers]
+    admin = _credentials(env, "CLEANUP_CONSOLE_AUTH")
+    if len(set(users)) < len(users) or (admin is not None and admin[0] in users):
+        raise SettingsError(
+            name, "names a user twice", "give every console user one name and one password"
+        )
+    return viewers
+
+
+def _console_url(env: Mapping[str, str]) -> str | None:
+    url = (env.get("CLEANUP_CONSOLE_URL") or "").rstrip("/") or None
+    if url is not None and urlsplit(url).scheme not in ("http", "https"):
+        raise SettingsError(
+            "CLEANUP_CONSOLE_URL",
+            f"{url!r} is not an http(s) URL",
+            "set it like http://127.0.0.1:8642, or unset it",
+        )
+    return url
 
 
 def _worker_pool(env: Mapping[str, str]) -> str:

@@ -233,6 +233,7 @@ def _follow_up_and_record(
     _send_follow_ups(runtime, payload, task_id, decided, report, reason, message)
     record = _batch_record(payload, decided, started + budget_wait, delete_seconds)
     report.recorded = runtime.store.record(payload.run_id, payload.target, record)
+    runtime.store.sample_progress(payload.run_id, report.recorded)
     if report.recorded == "duplicate":
         report.status = "duplicate"
     log_event(logger, "batch", runtime.settings, **report.as_dict(), seq=payload.seq,
@@ -275,11 +276,8 @@ def _send_follow_ups(
         letter = make_entry(payload, decided.dead, reason, message)
         runtime.dispatcher.send_dead_letter(letter)
         report.status = "dead_lettered" if not decided.retry else report.status
-        report.dead_lettered, report.entry_id, report.reason = (
-            len(decided.dead),
-            letter.entry_id,
-            reason,
-        )
+        report.dead_lettered = len(decided.dead)
+        report.entry_id, report.reason = letter.entry_id, reason
 
 
 def _batch_record(

@@ -23,6 +23,7 @@ RUN_KEY_SUFFIXES = (
     "staged",
     "skipped_keys",
     "sweep_lease",
+    "progress",
 )
 
 

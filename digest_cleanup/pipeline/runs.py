@@ -16,6 +16,7 @@ statuses of a run's record in :mod:`~digest_cleanup.pipeline.run_record`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -108,6 +109,23 @@ return n
 """
 
 
+#: Progress samples kept per run (``run:ID:progress``): a sample a batch, so a run of more
+#: batches keeps its latest ones, enough for the console's chart.
+PROGRESS_SAMPLES = 2000
+
+_SAMPLE_LUA = """
+local run, series = KEYS[1], KEYS[2]
+local h = redis.call('HMGET', run, 'deleted', 'dead_lettered', 'skipped')
+if not h[1] then return 0 end
+local done = tonumber(h[1]) + tonumber(h[2] or 0) + tonumber(h[3] or 0)
+redis.call('RPUSH', series, ARGV[1] .. ' ' .. h[1] .. ' ' .. done)
+redis.call('LTRIM', series, -tonumber(ARGV[2]), -1)
+local ttl = redis.call('TTL', run)
+if ttl > 0 then redis.call('EXPIRE', series, ttl) end
+return 1
+"""
+
+
 class RunStore(SweepState, TargetState):
     """Reads and writes run state; every counting write is an atomic script."""
 
@@ -118,6 +136,7 @@ class RunStore(SweepState, TargetState):
         self._fail = client.register_script(_FAIL_LUA)
         self._delivery = client.register_script(_DELIVERY_LUA)
         self._abort = client.register_script(_ABORT_LUA)
+        self._sample = client.register_script(_SAMPLE_LUA)
 
     def open(self, run_id: str, fields: Mapping[str, Any]) -> str:
         """Create the run unless it exists; return ``created`` or the existing status."""
@@ -204,6 +223,28 @@ class RunStore(SweepState, TargetState):
         """The keys the run left alone on purpose, with their code and why."""
         for raw in self.redis.lrange(self.run_key(run_id, "skipped_keys"), 0, -1):
             yield dict(json.loads(raw))
+
+    def sample_progress(self, run_id: str, recorded: str) -> None:
+        """Note the run's counts after :meth:`record` said ``recorded``, for the console's chart.
+
+        One call, and it never counts: a duplicate or a missing run adds no sample,
+        and a failure is swallowed, since the counts are already written.
+        """
+        if recorded not in ("recorded", "finished"):
+            return
+        with contextlib.suppress(redis.RedisError):
+            self._sample(
+                keys=[self.run_key(run_id), self.run_key(run_id, "progress")],
+                args=[round(time.time(), 3), PROGRESS_SAMPLES],
+            )
+
+    def progress(self, run_id: str) -> list[tuple[float, int, int]]:
+        """The run's samples, oldest first: ``(epoch seconds, deleted, keys done)``."""
+        samples = []
+        for raw in self.redis.lrange(self.run_key(run_id, "progress"), 0, -1):
+            at, deleted, done = as_text(raw).split()
+            samples.append((float(at), int(deleted), int(done)))
+        return samples
 
     def count_delivery(self, run_id: str, claim: str) -> int:
         """Count one delivery of a batch attempt; more than one is a duplicate delivery."""
