@@ -3,7 +3,8 @@
 Each file is checked by the tool that will read it in production where that tool is
 here (supervisor's parser, ``systemd-analyze verify``, ``promtool``), and always by
 plain Python for the rules that matter most: SIGTERM to Celery's main process, a stop
-timeout longer than the longest batch, no shell wrapper, and Flower never open.
+timeout longer than the longest batch, no shell wrapper, and Flower and the console
+never open nor off loopback.
 
 A missing tool or a project piece another change has not landed yet skips locally
 but fails in CI (``CI=true``), so a green CI run cannot hide either.
@@ -42,6 +43,7 @@ UNITS = (
     "digest-cleanup-beat.service",
     "digest-cleanup-flower.service",
     "digest-cleanup-metrics.service",
+    "digest-cleanup-console.service",
 )
 #: The longest batch: a DeleteObjects plus retries capped below half the visibility
 #: timeout, so every stop timeout must be longer than the visibility timeout itself.
@@ -173,6 +175,7 @@ def supervisor_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str,
         "DIGEST_CLEANUP_STATE_DIR": str(tmp_path / "state"),
         "DIGEST_CLEANUP_USER": pwd.getpwuid(os.getuid()).pw_name,
         "FLOWER_BASIC_AUTH": 'ops:s3"cr%t',
+        "CLEANUP_CONSOLE_AUTH": "admin:c0ns%le-s3cret",
         "CLEANUP_BROKER_URL": "redis://127.0.0.1:6379/0",
     }
     for key, value in values.items():
@@ -222,7 +225,7 @@ def _supervisor_programs(tmp_path: Path) -> dict[str, Any]:
 def test_supervisor_file_parses_with_supervisors_own_parser(
     tmp_path: Path, supervisor_env: dict[str, str]
 ) -> None:
-    """Given the env placeholders, when supervisor parses the file, then all four programs load."""
+    """Given the env placeholders, when supervisor parses the file, then all five programs load."""
     programs = _supervisor_programs(tmp_path)
 
     assert set(programs) == {
@@ -230,7 +233,24 @@ def test_supervisor_file_parses_with_supervisors_own_parser(
         "digest-cleanup-beat",
         "digest-cleanup-flower",
         "digest-cleanup-metrics",
+        "digest-cleanup-console",
     }
+
+
+def test_supervisor_group_lists_every_program(
+    tmp_path: Path, supervisor_env: dict[str, str]
+) -> None:
+    """``supervisorctl restart digest-cleanup:*`` reaches every program, the console too."""
+    from supervisor.options import ServerOptions
+
+    options = ServerOptions()
+    options.configfile = str(_supervisor_main_conf(tmp_path))
+    options.process_config(do_usage=False)
+    groups = {group.name: group for group in options.process_group_configs}
+
+    assert set(groups) == {"digest-cleanup"}, "a program outside the group misses restarts"
+    names = {p.name for p in groups["digest-cleanup"].process_configs}
+    assert names == set(_supervisor_programs(tmp_path))
 
 
 def test_supervisor_programs_stop_warmly(tmp_path: Path, supervisor_env: dict[str, str]) -> None:
@@ -243,7 +263,12 @@ def test_supervisor_programs_stop_warmly(tmp_path: Path, supervisor_env: dict[st
         assert process.directory == supervisor_env["DIGEST_CLEANUP_STATE_DIR"], name
     # The worker alone keeps SIGTERM off its pool children (they would die mid-batch).
     assert programs["digest-cleanup-worker-1"].stopasgroup is False
-    for name in ("digest-cleanup-beat", "digest-cleanup-flower", "digest-cleanup-metrics"):
+    for name in (
+        "digest-cleanup-beat",
+        "digest-cleanup-flower",
+        "digest-cleanup-metrics",
+        "digest-cleanup-console",
+    ):
         assert programs[name].stopasgroup is True, name
 
 
@@ -254,6 +279,7 @@ def test_supervisor_programs_stop_warmly(tmp_path: Path, supervisor_env: dict[st
         "digest-cleanup-beat",
         "digest-cleanup-flower",
         "digest-cleanup-metrics",
+        "digest-cleanup-console",
     ],
 )
 def test_supervisor_program_execs_an_entry_point_directly(
@@ -285,10 +311,26 @@ def test_supervisor_passes_secrets_by_inheritance_not_in_the_file(
     programs = _supervisor_programs(tmp_path)
 
     for process in programs.values():
-        assert supervisor_env["FLOWER_BASIC_AUTH"] not in process.command
+        for secret in (supervisor_env["FLOWER_BASIC_AUTH"], supervisor_env["CLEANUP_CONSOLE_AUTH"]):
+            assert secret not in process.command
+            assert secret not in (process.environment or {}).values()
         assert "basic-auth" not in process.command
-        assert supervisor_env["FLOWER_BASIC_AUTH"] not in (process.environment or {}).values()
     assert programs["digest-cleanup-flower"].environment == {"FLOWER_UNAUTHENTICATED_API": "false"}
+    # The console reads CLEANUP_CONSOLE_AUTH from the inherited environment, nothing else.
+    assert not programs["digest-cleanup-console"].environment
+
+
+def test_supervisor_loads_the_file_without_console_auth(
+    tmp_path: Path, supervisor_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given no CLEANUP_CONSOLE_AUTH, the file still loads: the console refuses on its own.
+
+    Unlike Flower, which starts open, so the file demands FLOWER_BASIC_AUTH; demanding
+    the console's variable too would keep the workers from loading for want of it.
+    """
+    monkeypatch.delenv("CLEANUP_CONSOLE_AUTH")
+
+    assert "digest-cleanup-console" in _supervisor_programs(tmp_path)
 
 
 def test_supervisor_refuses_the_file_without_flower_basic_auth(
@@ -404,8 +446,8 @@ def test_systemd_beat_keeps_its_schedule_in_the_state_directory() -> None:
     assert "--schedule=%S/digest-cleanup/celerybeat-schedule" in argv
 
 
-def _flower_precheck_script() -> str:
-    service = parse_unit(SYSTEMD / "digest-cleanup-flower.service")["Service"]
+def _precheck_script(unit: str = "digest-cleanup-flower.service") -> str:
+    service = parse_unit(SYSTEMD / unit)["Service"]
     argv = shlex.split(one(service, "ExecStartPre"))
     assert argv[:2] == ["/bin/sh", "-c"], argv
     # systemd turns $$ into $ before sh sees the script.
@@ -433,10 +475,42 @@ def test_systemd_flower_refuses_to_start_without_basic_auth(
         env["FLOWER_BASIC_AUTH"] = value
 
     result = subprocess.run(
-        ["/bin/sh", "-c", _flower_precheck_script()], env=env, capture_output=True, check=False
+        ["/bin/sh", "-c", _precheck_script()], env=env, capture_output=True, check=False
     )
 
     assert (result.returncode == 0) is starts, result.stderr
+    if value:
+        assert value.encode() not in result.stderr, "the check must not echo the secret"
+
+
+@pytest.mark.parametrize(
+    ("value", "starts"),
+    [
+        (None, False),
+        ("", False),
+        ("admin", False),
+        ("admin:", False),
+        (":pw", False),
+        ("admin:s3cret", True),
+        ("admin:with:colon", True),
+    ],
+)
+def test_systemd_console_refuses_to_start_without_auth(value: str | None, starts: bool) -> None:
+    """Given CLEANUP_CONSOLE_AUTH=value, when ExecStartPre runs, then only user:password starts.
+
+    The console refuses on its own too; this check only makes the refusal plain in
+    ``systemctl status``, so it tests presence and leaves the exact format to the console.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "CLEANUP_CONSOLE_AUTH"}
+    if value is not None:
+        env["CLEANUP_CONSOLE_AUTH"] = value
+    script = _precheck_script("digest-cleanup-console.service")
+
+    result = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, check=False)
+
+    assert (result.returncode == 0) is starts, result.stderr
+    if not starts:
+        assert b"CLEANUP_CONSOLE_AUTH=user:password" in result.stderr, "say how to set it"
     if value:
         assert value.encode() not in result.stderr, "the check must not echo the secret"
 
@@ -465,6 +539,7 @@ def verifiable_units(tmp_path: Path) -> Path:
         "digest-cleanup-beat.service",
         "digest-cleanup-flower.service",
         "digest-cleanup-metrics.service",
+        "digest-cleanup-console.service",
     ],
 )
 def test_systemd_analyze_verify_finds_nothing(verifiable_units: Path, unit: str) -> None:
@@ -504,7 +579,7 @@ def compose_seconds(value: str) -> float:
     return sum(float(n) * units[u] for n, u in parts)
 
 
-APP_SERVICES = ("worker", "beat", "flower", "metrics", "seed")
+APP_SERVICES = ("worker", "beat", "flower", "metrics", "console", "seed")
 
 
 def test_compose_has_every_service(compose: dict[str, Any]) -> None:
@@ -553,6 +628,41 @@ def test_flower_listens_on_loopback_only_in_every_deployment(compose: dict[str, 
     assert compose["services"]["flower"]["ports"] == ["127.0.0.1:${FLOWER_PORT:-5555}:5555"]
 
 
+def test_console_listens_on_loopback_only_in_every_deployment(compose: dict[str, Any]) -> None:
+    """The console can redrive and purge: every file binds it to loopback, one instance."""
+    expected = ["console", "--host", "127.0.0.1", "--port", "8642"]
+    service = parse_unit(SYSTEMD / "digest-cleanup-console.service")["Service"]
+    supervised = [
+        line
+        for line in SUPERVISOR_CONF.read_text().splitlines()
+        if line.startswith("command=") and " console " in line
+    ]
+
+    assert shlex.split(one(service, "ExecStart"))[1:] == expected
+    assert len(supervised) == 1, supervised
+    assert shlex.split(supervised[0])[1:] == expected
+    console = compose["services"]["console"]
+    # Inside the container it must listen beyond loopback for the port to be published;
+    # the host publishes it on loopback only.
+    assert console["command"] == ["digest-cleanup", *expected[:2], "0.0.0.0", *expected[3:]]
+    assert console["ports"] == ["127.0.0.1:${CONSOLE_PORT:-8642}:8642"]
+    assert "deploy" not in console, "one console: nothing replicates it"
+    section = SUPERVISOR_CONF.read_text().split("[program:digest-cleanup-console]")[1]
+    assert not re.search(r"^numprocs=(?!1$)", section, re.M), "one console"
+
+
+def test_compose_console_requires_auth(compose: dict[str, Any]) -> None:
+    console = compose["services"]["console"]
+    env = console["environment"]
+
+    assert re.fullmatch(r"\$\{CLEANUP_CONSOLE_AUTH:\?[^}]+\}", env["CLEANUP_CONSOLE_AUTH"])
+    # Viewers are optional: unset, the console has no read-only users.
+    assert env["CLEANUP_CONSOLE_VIEWERS"] == "${CLEANUP_CONSOLE_VIEWERS:-}"
+    assert not any("CONSOLE_AUTH" in arg for arg in console["command"]), "secret in argv"
+    # The same settings as every other process, plus the console's own.
+    assert set(compose["x-app"]["environment"]) <= set(env)
+
+
 def test_compose_flower_requires_basic_auth(compose: dict[str, Any]) -> None:
     flower = compose["services"]["flower"]
     env = flower["environment"]
@@ -575,6 +685,9 @@ def test_compose_env_names_only_known_settings(compose: dict[str, Any]) -> None:
         "AWS_REGION",
         "FLOWER_BASIC_AUTH",
         "FLOWER_UNAUTHENTICATED_API",
+        "CLEANUP_CONSOLE_AUTH",
+        "CLEANUP_CONSOLE_VIEWERS",
+        "CLEANUP_CONSOLE_URL",
     }
     for name in APP_SERVICES:
         assert set(compose["services"][name]["environment"]) <= known, name
@@ -616,7 +729,7 @@ def test_compose_waits_for_healthy_dependencies(compose: dict[str, Any]) -> None
         "redis": {"condition": "service_healthy"},
         "s3": {"condition": "service_healthy"},
     }
-    for name in ("beat", "flower", "metrics"):
+    for name in ("beat", "flower", "metrics", "console"):
         assert services[name]["depends_on"]["redis"] == {"condition": "service_healthy"}, name
     assert services["seed"]["depends_on"]["s3"] == {"condition": "service_healthy"}
     assert services["seed"]["profiles"] == ["demo"]

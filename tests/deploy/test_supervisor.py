@@ -3,8 +3,8 @@
 supervisord runs the shipped file unchanged, included from a throwaway main
 config, with its placeholders set to this interpreter's prefix, a temp state
 dir and the current user.  Only the worker is started: beat would add catch-up
-runs of its own, and Flower and the metrics endpoint listen on fixed ports that
-another process on the machine may hold.  S3 traffic goes through the fault
+runs of its own, and Flower, the metrics endpoint and the console listen on fixed
+ports that another process on the machine may hold.  S3 traffic goes through the fault
 proxy with a delay, so a run of 40 small batches lasts long enough to be
 stopped midway.
 """
@@ -84,7 +84,7 @@ class Supervisor:
         only_worker.write_text(
             "".join(
                 f"[program:digest-cleanup-{name}]\nautostart=false\n"
-                for name in ("beat", "flower", "metrics")
+                for name in ("beat", "flower", "metrics", "console")
             )
         )
         self.conf = workdir / "supervisord.conf"
