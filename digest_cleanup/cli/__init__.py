@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import redis
 
-from digest_cleanup.cli import check, dlq, metrics, plan, runs
+from digest_cleanup.cli import check, console, dlq, metrics, plan, runs
 from digest_cleanup.cli.context import EXIT_USAGE, Command, Context
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import CleanupError
@@ -64,4 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.register(add("plan", plan.run, "workers and concurrency for N artifacts in a time window"))
     dlq.register(sub)
+    console.add_arguments(
+        add("console", console.cmd_console, "serve the operations console: runs and dead letters")
+    )
     return parser

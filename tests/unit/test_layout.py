@@ -2,7 +2,7 @@
 
 The layers, from the bottom: errors and the clock; the settings; logging; the
 kinds; the targets file (a target names its kind); the pipeline; then the
-edges: the Celery wiring, the test plugin, the CLI, the demo.  A module may
+edges: the Celery wiring, the test plugin, the CLI and the console, the demo.  A module may
 import its own layer and those below it, never one above, and no import is
 circular even inside a layer.
 """
@@ -30,6 +30,7 @@ LAYERS = {
     "worker": 6,
     "testing": 7,
     "cli": 8,
+    "console": 8,  # an edge beside the CLI: it serves what the CLI prints, never the Celery app
     "demo": 9,
     "": 10,  # the package itself: ``celery -A digest_cleanup`` builds the app there
 }
