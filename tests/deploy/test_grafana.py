@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from digest_cleanup.config.settings import Settings
 from digest_cleanup.pipeline.batches import BatchRecord
 from digest_cleanup.pipeline.metrics import RunStateCollector
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.testing.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "digest-cleanup.json"
@@ -238,3 +240,22 @@ def test_dashboard_covers_what_the_issue_asks(dashboard: dict[str, Any]) -> None
     steps = slo["fieldConfig"]["defaults"]["thresholds"]["steps"]
     assert {"color": "red", "value": 7200} in steps, "the 2 h SLO as a threshold"
     assert slo["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "line"
+
+
+def test_every_query_is_valid_promql(dashboard: dict[str, Any], tmp_path: Path) -> None:
+    """promtool parses each panel query, with Grafana's variables put as Grafana would."""
+    promtool = require_tool("promtool")
+    exprs = [
+        re.sub(r"\$\{?target\}?", ".*", expr)
+        for where, expr in _queries(dashboard)
+        if where.startswith("panel ")
+    ]
+    rules = [{"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)]
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
+
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
