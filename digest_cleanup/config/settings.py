@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from digest_cleanup.errors import SettingsError
@@ -127,13 +127,6 @@ class Settings:
                 f"{endpoint!r} is not an http(s) URL",
                 "set it like http://127.0.0.1:8333, or unset it to use AWS S3",
             )
-        audit_url = env.get("CLEANUP_AUDIT_URL") or None
-        if audit_url is not None and not audit_url.startswith("s3://"):
-            raise SettingsError(
-                "CLEANUP_AUDIT_URL",
-                f"{audit_url!r} is not an s3:// URL",
-                "set it like s3://audit-bucket/reports/, or unset it",
-            )
         log_format = env.get("CLEANUP_LOG_FORMAT", "text")
         if log_format not in ("text", "json"):
             raise SettingsError(
@@ -156,7 +149,7 @@ class Settings:
                 env, "CLEANUP_DLQ_RETENTION_DAYS", DEFAULT_DLQ_RETENTION_DAYS, 1
             ),
             key_prefix=env.get("CLEANUP_KEY_PREFIX", DEFAULT_KEY_PREFIX),
-            audit_url=audit_url,
+            audit_url=_audit_url(env),
             log_format=log_format,  # type: ignore[arg-type]  # checked just above
             worker_pool=_worker_pool(env),
             log_hash_segment=_optional_int(env, "CLEANUP_LOG_HASH_SEGMENT"),
@@ -166,9 +159,7 @@ class Settings:
             aws_session_token=env.get("AWS_SESSION_TOKEN") or None,
             aws_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
             aws_profile=env.get("AWS_PROFILE") or None,
-            console_auth=_credentials(env, "CLEANUP_CONSOLE_AUTH"),
-            console_viewers=_viewers(env),
-            console_url=_console_url(env),
+            **_console(env),
             env=env,
         )
         if settings.retry_base > settings.retry_cap:
@@ -261,9 +252,35 @@ def _log_hash_key(env: Mapping[str, str]) -> str | None:
     return key
 
 
-def _credentials(env: Mapping[str, str], name: str) -> tuple[str, str] | None:
-    raw = env.get(name) or None
-    return None if raw is None else _user_password(name, raw)
+def _audit_url(env: Mapping[str, str]) -> str | None:
+    audit_url = env.get("CLEANUP_AUDIT_URL") or None
+    if audit_url is not None and not audit_url.startswith("s3://"):
+        raise SettingsError(
+            "CLEANUP_AUDIT_URL",
+            f"{audit_url!r} is not an s3:// URL",
+            "set it like s3://audit-bucket/reports/, or unset it",
+        )
+    return audit_url
+
+
+def _console(env: Mapping[str, str]) -> dict[str, Any]:
+    """The console's admin, read-only viewers and URL (``CLEANUP_CONSOLE_*``)."""
+    raw = env.get("CLEANUP_CONSOLE_AUTH") or None
+    admin = None if raw is None else _user_password("CLEANUP_CONSOLE_AUTH", raw)
+    name = "CLEANUP_CONSOLE_VIEWERS"
+    parts = [p.strip() for p in (env.get(name) or "").split(",") if p.strip()]
+    viewers = tuple(_user_password(name, part) for part in parts)
+    users = [user for user, _ in viewers] + ([admin[0]] if admin else [])
+    if len(set(users)) < len(users):
+        raise SettingsError(name, "names a user twice", "give every console user its own name")
+    url = (env.get("CLEANUP_CONSOLE_URL") or "").rstrip("/") or None
+    if url is not None and urlsplit(url).scheme not in ("http", "https"):
+        raise SettingsError(
+            "CLEANUP_CONSOLE_URL",
+            f"{url!r} is not an http(s) URL",
+            "set it like http://127.0.0.1:8642, or unset it",
+        )
+    return {"console_auth": admin, "console_viewers": viewers, "console_url": url}
 
 
 def _user_password(name: str, raw: str) -> tuple[str, str]:
@@ -276,30 +293,6 @@ def _user_password(name: str, raw: str) -> tuple[str, str]:
             f"set it like {name}=ops:a-long-random-password",
         )
     return user.strip(), password
-
-
-def _viewers(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    name = "CLEANUP_CONSOLE_VIEWERS"
-    raw = env.get(name) or ""
-    viewers = tuple(_user_password(name, part.strip()) for part in raw.split(",") if part.strip())
-    users = [user for user, _ in viewers]
-    admin = _credentials(env, "CLEANUP_CONSOLE_AUTH")
-    if len(set(users)) < len(users) or (admin is not None and admin[0] in users):
-        raise SettingsError(
-            name, "names a user twice", "give every console user one name and one password"
-        )
-    return viewers
-
-
-def _console_url(env: Mapping[str, str]) -> str | None:
-    url = (env.get("CLEANUP_CONSOLE_URL") or "").rstrip("/") or None
-    if url is not None and urlsplit(url).scheme not in ("http", "https"):
-        raise SettingsError(
-            "CLEANUP_CONSOLE_URL",
-            f"{url!r} is not an http(s) URL",
-            "set it like http://127.0.0.1:8642, or unset it",
-        )
-    return url
 
 
 def _worker_pool(env: Mapping[str, str]) -> str:
