@@ -95,10 +95,10 @@ def _screenshot(session: Session, name: str, tmp_path: Path) -> None:
 def test_console_lists_dead_letters_and_redrives_them_after_a_confirmed_click(
     make_stack, s3, bucket, proxy, tmp_path
 ):
-    # Given a run in which S3 refused two keys, in two batches
+    # Given a run (under a delete budget) in which S3 refused two keys, in two batches
     cutoff = seed_split(s3, bucket, KEYS, [])
     proxy.deny_keys = set(DENIED)
-    stack = make_stack(s3_targets(bucket, batch_size=200))
+    stack = make_stack(s3_targets(bucket, batch_size=200, delete_rate=3500))
     stack.worker()
     run = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json").json()
     assert run["status"] == "complete_with_failures", run
@@ -113,7 +113,7 @@ def test_console_lists_dead_letters_and_redrives_them_after_a_confirmed_click(
         assert _request(url + path)[0] == 401, path
     assert _request(url + "/", auth="ops:wrong")[0] == 401
 
-    with chromium(tmp_path / "browser", stack=stack, window=(1400, 900)) as browser:
+    with chromium(tmp_path / "browser", stack=stack, window=(1600, 480)) as browser:
         # When ops open the console
         browser.authenticate(ADMIN)
         browser.open(url + "/")
