@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from digest_cleanup.pipeline.batches import BatchPayload, batch_total
 from digest_cleanup.pipeline.dead_letter import DeadLetter, index_headers
@@ -48,9 +49,14 @@ class CeleryDispatcher:
             kwargs=letter.body,
             task_id=letter.entry_id,
             queue=self.runtime.settings.dead_letter_queue,
-            argsrepr=f"dead letter: {letter.label}",
+            argsrepr=f"dead letter: {letter.label}" + self._console_link(letter.entry_id),
             kwargsrepr=HIDDEN_KWARGS,
             # What the dead-letter index files the entry under, readable without
             # decoding the body (see DeadLetterQueue.absorb).
             headers=index_headers(letter.body),
         )
+
+    def _console_link(self, entry_id: str) -> str:
+        """`` console: URL/dlq/ID`` with ``CLEANUP_CONSOLE_URL`` set: Flower links the entry."""
+        base = self.runtime.settings.console_url
+        return f" console: {base}/dlq/{quote(entry_id, safe='')}" if base else ""

@@ -91,3 +91,27 @@ def test_the_chart_starts_at_the_run_and_pages_hold_a_hundred_keys():
     assert chart([]).empty
     items, page, pages = page_of(list(range(250)), 9)
     assert (page, pages, items[0], len(items)) == (3, 3, 200, 50)
+
+
+class _App:
+    def __init__(self) -> None:
+        self.sent: list[dict[str, object]] = []
+
+    def send_task(self, name: str, **options: object) -> None:
+        self.sent.append(options)
+
+
+@pytest.mark.parametrize("url", [None, "https://ops.example/cleanup/"])
+def test_a_dead_letters_flower_label_links_to_its_console_page_when_the_url_is_set(url):
+    from digest_cleanup.pipeline.dead_letter import DeadLetter
+    from digest_cleanup.pipeline.runtime import Runtime
+    from digest_cleanup.worker.dispatch import CeleryDispatcher
+
+    env = {"CLEANUP_CONSOLE_URL": url} if url else {}
+    app = _App()
+    dispatcher = CeleryDispatcher(app, Runtime(Settings.from_env(env)))
+    dispatcher.send_dead_letter(DeadLetter("e/1", {}, "statements 2 keys"))
+    label = app.sent[0]["argsrepr"]
+    assert str(label).startswith("dead letter: statements ")
+    link = " console: https://ops.example/cleanup/dlq/e%2F1"
+    assert str(label).endswith(link) if url else "console" not in str(label)
