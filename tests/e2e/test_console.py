@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from digest_cleanup.config.settings import Settings
+from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.stack import Process, Stack, wait_for
 from tests.conftest import s3_targets, seed_split
 
@@ -183,3 +185,32 @@ def test_a_post_needs_the_xsrf_token_and_the_admin(denied_run, proxy):
         "the redriven run to complete",
     )
     assert json.loads(stack.cli("dlq", "list", "--json").stdout)["entries"] == []
+
+
+def test_a_confirmed_purge_drops_the_entries_and_audits_who_did_it(denied_run):
+    stack, _run = denied_run
+    _, base = _console(stack)
+    ids = [e["id"] for e in stack.cli("dlq", "list", "--json").json()["entries"]]
+    admin = Client(base, ADMIN)
+
+    # Given the purge confirmation page, which names every entry and drops nothing yet
+    status, _, confirm = admin.request("/dlq/purge?" + urllib.parse.urlencode({"id": ids}, True))
+    assert status == 200
+    assert 'id="confirm-purge"' in confirm
+    assert all(i in confirm for i in ids)
+    assert len(stack.cli("dlq", "list", "--json").json()["entries"]) == len(ids)
+
+    # When the admin confirms it
+    status, _, done = admin.request("/dlq/purge", {"id": ids, "_xsrf": _xsrf(confirm)})
+
+    # Then the entries are gone, and the audit log holds the console's record of each,
+    # naming the user, as the CLI's purge records its command
+    assert status == 200, done
+    assert 'id="purge-result"' in done, done
+    assert stack.cli("dlq", "list", "--json").json()["entries"] == []
+    runtime = Runtime(Settings(broker_url=stack.env["CLEANUP_BROKER_URL"]))
+    records = runtime.dead_letters.audit_log()
+    runtime.close()
+    purged = {r["entry"]["id"]: r for r in records if r.get("action") == "purge"}
+    assert set(ids) <= set(purged)
+    assert all(purged[i]["command"].startswith(f"console: {ADMIN[0]} purged ") for i in ids)
