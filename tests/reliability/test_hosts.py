@@ -12,7 +12,14 @@ import pytest
 from digest_cleanup.pipeline.runs import RunStore
 from digest_cleanup.testing.stack import Process
 from tests.conftest import s3_targets
-from tests.reliability.conftest import Outcome, seed_scenario, start_run, store_for, wait_finished
+from tests.reliability.conftest import (
+    Outcome,
+    seed_scenario,
+    start_run,
+    store_for,
+    wait_count,
+    wait_finished,
+)
 from tests.reliability.hosts import Host, Relay, worker_hosts
 
 pytestmark = pytest.mark.slow
@@ -68,6 +75,10 @@ def test_a_host_cut_off_mid_batch_is_fenced_and_its_batches_finish_elsewhere(
         cut.heal()
         run = wait_finished(store, run_id, 600, "the run to finish after the heal")
         figures.converge_seconds = time.monotonic() - started
+        # The other host may have finished the run before the heal; the cut host's late
+        # attempt reaches the run store only once its link is back, so wait for it.
+        wait_count(store, run_id, "duplicates", 1, 120)
+        run = store.get(run_id)
     finally:
         for relay in relays:
             relay.stop()
