@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from digest_cleanup.cli.context import Command, print_json
 from digest_cleanup.errors import UsageError
-from digest_cleanup.pipeline.dead_letter import Entry
+from digest_cleanup.pipeline.dead_letter import ENTRY_FIELDS, Entry
 from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
 
 if TYPE_CHECKING:
@@ -92,19 +92,7 @@ def cmd_show(args: argparse.Namespace, ctx: Context) -> int:
     if args.json:
         print_json(entry)
         return 0
-    for key in (
-        "id",
-        "run_id",
-        "target",
-        "batch_id",
-        "reason",
-        "message",
-        "key_count",
-        "attempts",
-        "first_failure_at",
-        "last_failure_at",
-        "redrivable",
-    ):
+    for key in ENTRY_FIELDS:
         print(f"{key:17} {entry[key]}")
     for key in entry["keys"]:
         print(f"  {key['code']:<16} {key['key']}  {key['message']}")

@@ -19,7 +19,7 @@ from digest_cleanup.clock import epoch_of
 from digest_cleanup.console import pages, views
 from digest_cleanup.console.auth import CHALLENGE, User, Users
 from digest_cleanup.errors import CleanupError, ConfigError, DeadLetterError, RunStateError
-from digest_cleanup.pipeline.dead_letter import Entry
+from digest_cleanup.pipeline.dead_letter import ENTRY_FIELDS, Entry
 from digest_cleanup.pipeline.dlq_actions import purge_entries, redrive_entries
 from digest_cleanup.pipeline.run_record import COUNTERS
 from digest_cleanup.pipeline.runtime import Runtime
@@ -35,21 +35,8 @@ SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
 }
-#: The entry fields an entry's page lists, in the order ``dlq show`` prints them.
-ENTRY_FIELDS = (
-    "id",
-    "run_id",
-    "target",
-    "batch_id",
-    "reason",
-    "message",
-    "key_count",
-    "attempts",
-    "first_failure_at",
-    "last_failure_at",
-    "redrivable",
-    "copies",
-)
+#: The entry fields an entry's page lists: ``dlq show``'s, and how many copies arrived.
+SHOWN_FIELDS = (*ENTRY_FIELDS, "copies")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +214,7 @@ class EntryPage(Base):
             entry = self.console.runtime.dead_letters.get(entry_id)
         except DeadLetterError as exc:
             raise self.not_found(exc) from None
-        self.render("entry.html", entry=self.console.entry_view(entry), fields=ENTRY_FIELDS)
+        self.render("entry.html", entry=self.console.entry_view(entry), fields=SHOWN_FIELDS)
 
 
 class RedrivePage(Base):

@@ -43,6 +43,22 @@ class DeadLetter:
     label: str
 
 
+#: An entry's fields as ``dlq show`` and the console list them, in that order.
+ENTRY_FIELDS = (
+    "id",
+    "run_id",
+    "target",
+    "batch_id",
+    "reason",
+    "message",
+    "key_count",
+    "attempts",
+    "first_failure_at",
+    "last_failure_at",
+    "redrivable",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """One dead-letter entry as ops see it."""
