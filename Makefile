@@ -41,12 +41,14 @@ test-tools:  ## everything the tests use: the dev extra, then apt-get for the AP
 
 # Test processes of `make test` (pytest-xdist): each starts its own Redis and `weed mini`, and
 # most end-to-end tests wait on servers rather than on the CPU, so two halve the wall time on
-# a 2-core machine. pytest-benchmark, when some other package installed it, refuses to load
-# beside xdist with a warning the suite turns into an error; it is not used here.
+# a 2-core machine. Work stealing keeps both busy to the end: with xdist's default chunks, the
+# longest end-to-end tests could leave one process running them alone for minutes.
+# pytest-benchmark, when some other package installed it, refuses to load beside xdist with a
+# warning the suite turns into an error; it is not used here.
 TEST_WORKERS ?= 2
 
 test:  ## the whole suite: unit, task and end-to-end tiers (needs no running services)
-	$(PYTHON) -m pytest -m "not slow" -n $(TEST_WORKERS) -p no:benchmark $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist worksteal -p no:benchmark $(PYTEST_ARGS)
 
 smoke:  ## `pip install .` alone in a fresh virtualenv runs a worker and a real run (SMOKE_ARGS=--venv DIR)
 	$(PYTHON) -m tests.smoke.plain_install $(SMOKE_ARGS)
