@@ -233,7 +233,6 @@ def _follow_up_and_record(
     _send_follow_ups(runtime, payload, task_id, decided, report, reason, message)
     record = _batch_record(payload, decided, started + budget_wait, delete_seconds)
     report.recorded = runtime.store.record(payload.run_id, payload.target, record)
-    runtime.store.sample_progress(payload.run_id, report.recorded)
     if report.recorded == "duplicate":
         report.status = "duplicate"
     log_event(logger, "batch", runtime.settings, **report.as_dict(), seq=payload.seq,

@@ -16,7 +16,6 @@ statuses of a run's record in :mod:`~digest_cleanup.pipeline.run_record`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import uuid
@@ -71,6 +70,13 @@ if r.service >= 0 then
   redis.call('LPUSH', KEYS[6], r.service .. ' ' .. r.delete_seconds .. ' ' .. r.items)
   redis.call('LTRIM', KEYS[6], 0, 1999)
 end
+-- The console's progress chart: the counts just written, one sample an attempt.
+local h = redis.call('HMGET', run, 'deleted', 'dead_lettered', 'skipped')
+local done = tonumber(h[1]) + tonumber(h[2] or 0) + tonumber(h[3] or 0)
+redis.call('RPUSH', KEYS[9], ARGV[4] .. ' ' .. h[1] .. ' ' .. done)
+redis.call('LTRIM', KEYS[9], -tonumber(ARGV[5]), -1)
+local ttl = redis.call('TTL', run)
+if ttl > 0 then redis.call('EXPIRE', KEYS[9], ttl) end
 if r.terminal then
   redis.call('HINCRBY', run, 'inflight', -1)
   if r.first_generation then redis.call('HINCRBY', run, 'batches_done', 1) end
@@ -109,21 +115,9 @@ return n
 """
 
 
-#: Progress samples kept per run (``run:ID:progress``): a sample a batch, so a run of more
-#: batches keeps its latest ones, enough for the console's chart.
+#: Progress samples kept per run (``run:ID:progress``): one a recorded attempt, so a run of
+#: more attempts keeps its latest ones, enough for the console's chart.
 PROGRESS_SAMPLES = 2000
-
-_SAMPLE_LUA = """
-local run, series = KEYS[1], KEYS[2]
-local h = redis.call('HMGET', run, 'deleted', 'dead_lettered', 'skipped')
-if not h[1] then return 0 end
-local done = tonumber(h[1]) + tonumber(h[2] or 0) + tonumber(h[3] or 0)
-redis.call('RPUSH', series, ARGV[1] .. ' ' .. h[1] .. ' ' .. done)
-redis.call('LTRIM', series, -tonumber(ARGV[2]), -1)
-local ttl = redis.call('TTL', run)
-if ttl > 0 then redis.call('EXPIRE', series, ttl) end
-return 1
-"""
 
 
 class RunStore(SweepState, TargetState):
@@ -136,7 +130,6 @@ class RunStore(SweepState, TargetState):
         self._fail = client.register_script(_FAIL_LUA)
         self._delivery = client.register_script(_DELIVERY_LUA)
         self._abort = client.register_script(_ABORT_LUA)
-        self._sample = client.register_script(_SAMPLE_LUA)
 
     def open(self, run_id: str, fields: Mapping[str, Any]) -> str:
         """Create the run unless it exists; return ``created`` or the existing status."""
@@ -214,29 +207,17 @@ class RunStore(SweepState, TargetState):
                 self.timings_key(target),
                 self.run_key(run_id, "retried_codes"),
                 self.run_key(run_id, "skipped_keys"),
+                self.run_key(run_id, "progress"),
             ],
-            args=[rec.claim, json.dumps(payload), now_iso()],
-        )
+            args=[rec.claim, json.dumps(payload), now_iso(), round(time.time(), 3),
+                  PROGRESS_SAMPLES],
+        )  # fmt: skip
         return as_text(result)
 
     def skipped_keys(self, run_id: str) -> Iterator[dict[str, str]]:
         """The keys the run left alone on purpose, with their code and why."""
         for raw in self.redis.lrange(self.run_key(run_id, "skipped_keys"), 0, -1):
             yield dict(json.loads(raw))
-
-    def sample_progress(self, run_id: str, recorded: str) -> None:
-        """Note the run's counts after :meth:`record` said ``recorded``, for the console's chart.
-
-        One call, and it never counts: a duplicate or a missing run adds no sample,
-        and a failure is swallowed, since the counts are already written.
-        """
-        if recorded not in ("recorded", "finished"):
-            return
-        with contextlib.suppress(redis.RedisError):
-            self._sample(
-                keys=[self.run_key(run_id), self.run_key(run_id, "progress")],
-                args=[round(time.time(), 3), PROGRESS_SAMPLES],
-            )
 
     def progress(self, run_id: str) -> list[tuple[float, int, int]]:
         """The run's samples, oldest first: ``(epoch seconds, deleted, keys done)``."""

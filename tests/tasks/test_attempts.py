@@ -144,3 +144,20 @@ def test_a_throttled_key_lowers_the_shared_rate_and_only_it_retries(budgeted):
 
 def test_a_target_without_a_budget_draws_nothing(runtime):
     assert runtime.budget("snapshots") is None
+
+
+def test_each_recorded_attempt_leaves_one_progress_sample_and_a_duplicate_none(runtime):
+    # Given a running run with two batches in flight
+    published: list[BatchPayload] = []
+    run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
+    assert sweep_slice(recording(runtime, published.append), run_id) == "done"
+    runtime.dispatcher = RecordingDispatcher()
+
+    # When both are deleted, and the first is delivered again
+    for n, payload in enumerate([*published, published[0]]):
+        process(runtime, payload.to_message(), f"t{n}")
+
+    # Then the chart has one sample per recorded attempt, with the counts it left
+    samples = runtime.store.progress(run_id)
+    assert [(deleted, done) for _, deleted, done in samples] == [(50, 50), (100, 100)]
+    assert samples[0][0] <= samples[1][0]
