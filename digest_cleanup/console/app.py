@@ -10,6 +10,7 @@ XSRF token, and only the admin may POST (a viewer's POST is a 403).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import tornado.web
@@ -19,6 +20,7 @@ from digest_cleanup.clock import epoch_of
 from digest_cleanup.console import pages, views
 from digest_cleanup.console.auth import CHALLENGE, User, Users
 from digest_cleanup.errors import CleanupError, ConfigError, DeadLetterError, RunStateError
+from digest_cleanup.logs import Scrubber
 from digest_cleanup.pipeline.dead_letter import ENTRY_FIELDS, Entry
 from digest_cleanup.pipeline.dlq_actions import purge_entries, redrive_entries
 from digest_cleanup.pipeline.run_record import COUNTERS
@@ -46,8 +48,14 @@ class Console:
     runtime: Runtime
     users: Users
 
+    @functools.cached_property
+    def _scrubber(self) -> Scrubber:
+        # No key prefixes: the console shows keys as `dlq show` does, and masks secrets only.
+        return Scrubber(self.runtime.settings)
+
     def mask(self, text: Any) -> str:
-        return views.mask(str(text), self.runtime.settings.secrets())
+        """``text`` with every secret masked, in every form the logs mask it."""
+        return self._scrubber(str(text))
 
     def entry_view(self, entry: Entry) -> dict[str, Any]:
         """An entry as ``dlq show --json`` gives it, with its distinct codes and secrets masked."""

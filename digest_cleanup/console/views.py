@@ -131,12 +131,5 @@ def page_of(items: Sequence[Any], page: int) -> tuple[list[Any], int, int]:
     return list(items[start : start + KEYS_PER_PAGE]), page, pages
 
 
-def mask(text: str, secrets: Sequence[str]) -> str:
-    """``text`` with every secret replaced, as the logs mask them."""
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
-
-
 def _clock(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))

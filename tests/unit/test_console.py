@@ -115,3 +115,17 @@ def test_a_dead_letters_flower_label_links_to_its_console_page_when_the_url_is_s
     assert str(label).startswith("dead letter: statements ")
     link = " console: https://ops.example/cleanup/dlq/e%2F1"
     assert str(label).endswith(link) if url else "console" not in str(label)
+
+
+def test_the_console_masks_secrets_in_every_form_the_logs_do():
+    from digest_cleanup.console.app import Console
+    from digest_cleanup.pipeline.runtime import Runtime
+
+    settings = Settings.from_env(
+        {"AWS_SECRET_ACCESS_KEY": "s3cr/t+key", "CLEANUP_CONSOLE_AUTH": "ops:pw-of-ops"}
+    )
+    console = Console(Runtime(settings), Users.from_settings(settings))
+    shown = console.mask("signing with s3cr/t+key, quoted s3cr%2Ft%2Bkey, login pw-of-ops")
+    assert "s3cr" not in shown
+    assert "pw-of-ops" not in shown
+    assert shown.count("***") == 3
