@@ -151,9 +151,9 @@ def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
         run = progress.wait(ctx.runtime.store, args.run_id, show=not args.json)
     data = run.as_dict()
     data["failures_by_code"] = ctx.runtime.store.retry_codes(args.run_id)
-    budget = ctx.runtime.budget(run.fields["target"]) if run.fields.get("target") else None
+    budget = ctx.runtime.budget_state(run.fields.get("target", ""))
     if budget is not None:
-        data["delete_budget"] = budget.state().as_dict()
+        data["delete_budget"] = budget.as_dict()
     return show_run(data, args.json)
 
 

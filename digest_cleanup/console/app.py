@@ -19,7 +19,7 @@ from tornado.template import DictLoader
 from digest_cleanup.clock import epoch_of
 from digest_cleanup.console import pages, views
 from digest_cleanup.console.auth import CHALLENGE, User, Users
-from digest_cleanup.errors import CleanupError, ConfigError, DeadLetterError, RunStateError
+from digest_cleanup.errors import CleanupError, DeadLetterError, RunStateError
 from digest_cleanup.logs import Scrubber
 from digest_cleanup.pipeline.dead_letter import ENTRY_FIELDS, Entry
 from digest_cleanup.pipeline.dlq_actions import purge_entries, redrive_entries
@@ -141,16 +141,7 @@ class RunsPage(Base):
         self.render("runs.html", rows=rows, refresh=any(r["running"] for r in rows))
 
     def _budget(self, fields: Any) -> Any:
-        return budget_state(self.console.runtime, fields.get("target", ""))
-
-
-def budget_state(runtime: Runtime, target: str) -> Any:
-    """The target's delete budget now, or None (no budget, or a target this file lacks)."""
-    try:
-        budget = runtime.budget(target) if target else None
-    except ConfigError:
-        return None
-    return budget.state() if budget is not None else None
+        return self.console.runtime.budget_state(fields.get("target", ""))
 
 
 class RunPage(Base):
@@ -161,7 +152,7 @@ class RunPage(Base):
         except RunStateError as exc:
             raise self.not_found(exc) from None
         samples = runtime.store.progress(run_id)
-        row = views.run_row(run, samples, budget_state(runtime, run.fields.get("target", "")))
+        row = views.run_row(run, samples, runtime.budget_state(run.fields.get("target", "")))
         entries = [self.console.entry_view(e) for e in runtime.dead_letters.entries(run=run_id)]
         keys = [
             {"key": k["key"], "code": k.get("code", ""), "message": self.console.mask(

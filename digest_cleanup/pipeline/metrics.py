@@ -172,7 +172,7 @@ class RunStateCollector:
             latency=store.latency(target),
             last_success=store.last_success(target),
             verify=store.last_verify(target),
-            budget=budget.state() if (budget := self.runtime.budget(target)) else None,
+            budget=self.runtime.budget_state(target),
         )
 
 

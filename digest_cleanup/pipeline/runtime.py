@@ -19,8 +19,9 @@ import redis
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import Target, Targets, load_targets
+from digest_cleanup.errors import ConfigError
 from digest_cleanup.kinds import TargetKind
-from digest_cleanup.pipeline.budget import DeleteBudget
+from digest_cleanup.pipeline.budget import BudgetState, DeleteBudget
 from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, Dispatcher
 from digest_cleanup.pipeline.runs import RunStore
@@ -109,6 +110,16 @@ class Runtime:
                     else None
                 )
             return self._budgets[name]
+
+    def budget_state(self, name: str) -> BudgetState | None:
+        """Target ``name``'s delete budget as it stands, or None: no budget, or a target
+        this process's targets file no longer has (an old run's, say), or cannot be read."""
+        try:
+            known = name in self.targets.by_name
+        except ConfigError:
+            return None
+        budget = self.budget(name) if known else None
+        return budget.state() if budget is not None else None
 
     def prepare(self) -> None:
         """Build every target's clients now (see :meth:`TargetKind.prepare`); never raises.

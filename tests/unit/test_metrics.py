@@ -279,3 +279,8 @@ def test_a_target_without_a_budget_exports_no_budget_series(redis_url, tmp_path)
         Settings(broker_url=redis_url, targets_file=path, s3_endpoint_url="http://s3:8333")
     )
     assert not [name for name, _ in scrape(local) if "delete_budget" in name]
+
+
+def test_a_run_of_a_target_the_file_no_longer_has_shows_no_budget(runtime):
+    assert runtime.budget_state("statements") is not None
+    assert runtime.budget_state("retired-target") is None
