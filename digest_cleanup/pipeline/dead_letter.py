@@ -71,7 +71,11 @@ class Entry:
 
     @property
     def info(self) -> Mapping[str, Any]:
-        return self.payload.dead_letter if self.payload else self.raw_kwargs.get("dead_letter", {})
+        """Why the entry is here; empty for a message whose ``dead_letter`` is not a record."""
+        if self.payload:
+            return self.payload.dead_letter
+        info = self.raw_kwargs.get("dead_letter", {})
+        return info if isinstance(info, Mapping) else {}
 
     @property
     def run_id(self) -> str:
@@ -83,21 +87,37 @@ class Entry:
 
     @property
     def keys(self) -> list[str]:
-        return self.payload.keys if self.payload else list(self.info.get("items", []))
+        if self.payload:
+            return self.payload.keys
+        items = self.info.get("items", [])
+        return [str(i) for i in items] if isinstance(items, list) else []
 
     @property
     def key_count(self) -> int:
         """Keys the entry stands for (a poison entry keeps fewer than it counts)."""
-        return int(self.info.get("item_count", len(self.keys)))
+        count = self.info.get("item_count", len(self.keys))
+        return count if isinstance(count, int) and count >= 0 else len(self.keys)
+
+    @property
+    def errors(self) -> Mapping[str, list[str]]:
+        """``[code, message]`` by key, leaving out anything that is not that shape."""
+        errors = self.info.get("errors", {})
+        if not isinstance(errors, Mapping):
+            return {}
+        return {
+            str(k): [str(e[0]), str(e[1])]
+            for k, e in errors.items()
+            if isinstance(e, list | tuple) and len(e) >= 2
+        }
 
     @property
     def codes(self) -> set[str]:
-        errors = self.info.get("errors", {})
-        return {str(e[0]) for e in errors.values()} | {str(self.info.get("reason", ""))}
+        return {e[0] for e in self.errors.values()} | {str(self.info.get("reason", ""))}
 
     def as_dict(self) -> dict[str, Any]:
         info = dict(self.info)
-        errors = info.pop("errors", {})
+        info.pop("errors", None)
+        errors = self.errors
         return {
             "id": self.id,
             "run_id": self.run_id,
@@ -105,7 +125,7 @@ class Entry:
             "batch_id": self.payload.batch_id if self.payload else info.get("batch_id", ""),
             "reason": info.get("reason", ""),
             "message": info.get("message", ""),
-            "key_count": int(info.get("item_count", len(self.keys))),
+            "key_count": self.key_count,
             "keys": [
                 {
                     "key": key,
@@ -221,7 +241,8 @@ def decode_entry(raw: bytes | str) -> Entry:
             body = base64.b64decode(body)
         _args, kwargs, _embed = json.loads(body)
         entry_id = str(message["headers"]["id"])
-    except (ValueError, KeyError, TypeError):
+    # AttributeError: JSON of the wrong shape (a string where an object belongs).
+    except (ValueError, KeyError, TypeError, AttributeError):
         digest = hashlib.sha256(raw if isinstance(raw, bytes) else raw.encode()).hexdigest()
         return Entry(
             id=f"undecodable-{digest[:12]}",

@@ -20,7 +20,9 @@ BENCHMARKS.md).  So:
   ``dead_lettered`` down, the run back to ``running``), and the redriven batch
   folds its outcome into its original run;
 * a message delivered twice is one entry with ``copies`` 2; two messages with
-  one id but different keys are both kept, the second as ``ID~HASH``.
+  one id but different keys (a redelivery that failed other keys) are merged into
+  one entry, keys, conditions and errors; a message that cannot be merged is kept
+  as an entry of its own, ``ID~HASH``, so one bad message never blocks a read.
 
 Nothing is ever dropped to keep the queue small: ``CLEANUP_DLQ_MAX_ENTRIES`` and
 ``CLEANUP_DLQ_RETENTION_DAYS`` only raise an alert when reached.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -47,6 +50,8 @@ from digest_cleanup.pipeline.dead_letter_scripts import (
 )
 from digest_cleanup.pipeline.keyspace import as_text
 from digest_cleanup.pipeline.runs import RunStore
+
+logger = logging.getLogger("digest_cleanup.dead_letter")
 
 #: What a failed run's message gains when its dead letters are redriven.
 FAILED_RUN_NOTE = (
@@ -139,7 +144,14 @@ class DeadLetterQueue:
         existing: bytes | None = self.redis.hget(entries, entry.id)  # type: ignore[assignment]
         if existing is None:
             return 0  # taken meanwhile; the next pass files the message afresh
-        merged, added = _merged(existing, raw)
+        try:
+            merged, added = _merged(existing, raw)
+        except Exception as exc:
+            # A message the merge cannot read would stay at the queue's tail and fail every
+            # later read; filed under an id of its own instead, it is listed and can be purged.
+            logger.warning("dead letter %s kept apart, not merged: %r", entry.id, exc)
+            args[1] = f"{entry.id}~{digest[:8]}"
+            return max(0, int(self._absorb(keys=[self.queue, *index], args=args)))
         done = self._merge(
             keys=[self.queue, entries, stats, digests, copies],
             args=[raw, entry.id, existing, merged, keys_digest(decode_entry(merged).keys), added],
@@ -286,28 +298,34 @@ def _merged(existing: bytes, incoming: bytes) -> tuple[str, int]:
     """``existing`` with the keys of ``incoming`` it lacks, and how many were added.
 
     Both are dead letters of one batch attempt (a redelivery that failed other keys);
-    the entry keeps its own errors and adds the newcomer's.
+    the entry keeps its own errors and adds the newcomer's.  Each key keeps the
+    condition it was listed with, whichever message brought it.  Raises when only one
+    is a batch message: the caller keeps the newcomer as an entry of its own.
     """
     message = json.loads(existing)
     args, _, embed = json.loads(base64.b64decode(message["body"]))
     old, new = decode_entry(existing).payload, decode_entry(incoming).payload
+    if old is None and new is None:
+        return existing.decode(), 0  # two poison records of one message: a copy
     if old is None or new is None:
-        return existing.decode(), 0
+        raise ValueError("a batch and a poison record share an id, so no keys merge")
     have = set(old.keys)
     extra = [i for i in new.keys if i not in have]
-    conditions = dict(zip(new.keys, new.conditions, strict=True)) if new.conditions else {}
-    payload = old.subset(
-        [*old.keys, *extra],
+    keys = [*old.keys, *extra]
+    conditions: list[str] = []
+    if old.conditions or new.conditions:
+        listed = dict(zip(new.keys, new.conditions, strict=True)) if new.conditions else {}
+        listed.update(zip(old.keys, old.conditions, strict=True) if old.conditions else ())
+        conditions = [listed.get(i, "") for i in keys]
+    payload = dataclasses.replace(
+        old,
+        keys=keys,
+        conditions=conditions,
         dead_letter={
             **old.dead_letter,
             "errors": {**new.dead_letter.get("errors", {}), **old.dead_letter.get("errors", {})},
         },
     )
-    if old.conditions or conditions:
-        mine = dict(zip(old.keys, old.conditions, strict=True)) if old.conditions else {}
-        payload = dataclasses.replace(
-            payload, conditions=[mine.get(i) or conditions.get(i, "") for i in payload.keys]
-        )
     body = json.dumps([args, payload.to_message(), embed]).encode()
     message["body"] = base64.b64encode(body).decode()
     return json.dumps(message), len(extra)
