@@ -14,13 +14,18 @@ kind under test is yours::
 Give it a Redis database of its own: the worker consumes the pipeline's
 ``sweeps`` and ``batches`` queues there.  Each call keeps its run state and
 dead letters under a fresh key prefix and queue name, so calls do not see each
-other's.  The fixtures in :mod:`digest_cleanup.testing.plugin` wrap it.
+other's.  A run that talks to S3 (an S3 target, or an ``audit_url``) needs
+``s3_endpoint_url=`` too: the helper never falls back to AWS, and never signs
+with the credentials, profile or endpoint of the shell it runs in (``AWS_*``,
+``~/.aws``), only with test credentials of its own.  The fixtures in
+:mod:`digest_cleanup.testing.plugin` wrap it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
@@ -34,7 +39,7 @@ from kombu.asynchronous import get_event_loop, set_event_loop
 
 from digest_cleanup.clock import utcnow
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import parse_targets
+from digest_cleanup.config.targets import Targets, parse_targets
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
 from digest_cleanup.pipeline.progress import wait
@@ -53,6 +58,13 @@ TEST_SETTINGS: Mapping[str, Any] = {
 }
 #: Seconds the in-process worker may take to start, and to stop once the run is over.
 WORKER_TIMEOUT = 30.0
+#: The credentials a run signs its S3 requests with unless the caller passes its own:
+#: the test servers accept any, and real AWS accepts none of these.
+TEST_CREDENTIALS: Mapping[str, str] = {
+    "aws_access_key_id": "digest-cleanup-test",
+    "aws_secret_access_key": "digest-cleanup-test-secret",
+    "aws_region": "us-east-1",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +103,8 @@ def run_pipeline(
     read from :attr:`Settings.env`, such as the variable a ``dsn_env`` names.
     ``cutoff`` defaults to now minus the target's ``retention_days``.  Other
     keyword arguments are :class:`Settings` fields, over :data:`TEST_SETTINGS`.
+    A run that talks to S3 needs ``s3_endpoint_url``; without it this raises
+    :class:`ValueError` before anything starts.
     Raises :class:`TimeoutError` if the run has not finished within ``timeout``.
     """
     targets = parse_targets(targets_toml, Path("<run_pipeline>"))
@@ -99,6 +113,28 @@ def run_pipeline(
             raise ValueError(f"the targets define {sorted(targets.by_name)}; say which to run")
         target = next(iter(targets)).name
     run_settings = _run_settings(redis_url, env, settings)
+    if not run_settings.s3_endpoint_url and (
+        targets.get(target).kind == "s3" or run_settings.audit_url
+    ):
+        raise ValueError(
+            f"run_pipeline would send target {target!r}'s requests to AWS itself: pass "
+            "s3_endpoint_url= the S3 server the test started (for example "
+            "s3_endpoint_url=weed.endpoint_url); the helper never falls back to AWS"
+        )
+    with _without_ambient_aws():
+        return _run(run_settings, targets, target, cutoff, dry_run, force, timeout)
+
+
+def _run(
+    run_settings: Settings,
+    targets: Targets,
+    target: str,
+    cutoff: datetime | None,
+    dry_run: bool,
+    force: bool,
+    timeout: float,
+) -> PipelineResult:
+    """Start the run, serve it with an in-process worker until it ends, and read it back."""
     caller_app = celery.current_app._get_current_object()
     app = create_app(run_settings, targets)
     # A new Celery app makes itself this thread's current app; keep the caller's.
@@ -135,6 +171,7 @@ def _run_settings(
     return Settings(
         **{
             **TEST_SETTINGS,
+            **TEST_CREDENTIALS,
             "broker_url": redis_url,
             "key_prefix": f"dctest-{tag}",
             "dead_letter_queue": f"dead_letter-{tag}",
@@ -142,6 +179,28 @@ def _run_settings(
             **overrides,
         }
     )
+
+
+@contextlib.contextmanager
+def _without_ambient_aws() -> Iterator[None]:
+    """Hide the shell's ``AWS_*`` variables and ``~/.aws`` files while a run goes on.
+
+    The worker runs in this process, and botocore reads the process's environment and
+    shared files itself: a profile there (``AWS_PROFILE``) or an endpoint
+    (``AWS_ENDPOINT_URL``) would apply to the test's requests, as ``Stack`` keeps them
+    from applying to its processes.  Everything is put back afterwards.
+    """
+    saved = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    for name in saved:
+        del os.environ[name]
+    os.environ["AWS_CONFIG_FILE"] = os.devnull
+    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+    try:
+        yield
+    finally:
+        for name in [k for k in os.environ if k.startswith("AWS_")]:
+            del os.environ[name]
+        os.environ.update(saved)
 
 
 @contextlib.contextmanager
