@@ -29,10 +29,18 @@ VERSION_SEPARATOR = "?versionId="
 #: Characters XML 1.0 cannot carry in a DeleteObjects body, plus the carriage
 #: return, which the server's XML parser would read back as a line feed.
 _NOT_XML_SAFE = re.compile("[^\t\n\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-#: Error codes that mean the object or version is not there (any more).
-GONE_CODES = frozenset({"NoSuchKey", "NoSuchVersion", "404"})
+#: Error codes that mean the object or version is not there (any more).  A bare 404,
+#: without one of them, is not among them: any gateway or wrong path answers that.
+GONE_CODES = frozenset({"NoSuchKey", "NoSuchVersion"})
 #: The per-key code of a failed ETag condition.
 PRECONDITION_FAILED = "PreconditionFailed"
+#: The code botocore gives a 404 that named no S3 error code (every HEAD answer, whose
+#: response has no body, and anything a proxy or wrong endpoint path sends).
+BARE_NOT_FOUND = "404"
+#: A 404 no S3 error code confirms: the key is not counted gone (a permanent failure).
+NOT_FOUND_UNCONFIRMED = "not_found_unconfirmed"
+#: A ``PreconditionFailed`` on an object that still has the listed ETag (permanent).
+CONDITION_MISMATCH = "condition_mismatch"
 
 
 class Deletion:
@@ -115,6 +123,8 @@ class Deletion:
         key = batch.keys[index]
         if code in GONE_CODES:
             batch.set(index, Outcome.DELETED)
+        elif code == BARE_NOT_FOUND:
+            batch.set(index, Outcome.PERMANENT, NOT_FOUND_UNCONFIRMED, _unconfirmed(message))
         elif code == PRECONDITION_FAILED:
             # Rewritten since the listing -- or already gone, which some servers
             # answer the same way: only a look tells the two apart.
@@ -128,27 +138,74 @@ class Deletion:
             batch.set(index, Outcome.PERMANENT, code, message)
 
     def _recheck(self, batch: Batch, index: int, code: str, message: str) -> None:
-        """Settle an unconfirmed delete by looking: gone, changed since listing, or retry."""
-        ident = self._identifier(batch.keys[index], "")
+        """Settle an unconfirmed delete by looking: gone, changed since listing, or not.
+
+        Only a look that shows another ETag makes a key ``changed_since_listing``;
+        a ``PreconditionFailed`` on an object that still has its listed ETag is the
+        endpoint comparing ETags differently, a permanent ``condition_mismatch``.
+        """
         try:
-            with mapped_errors():
-                head = self.client.head_object(Bucket=self.options.bucket, **ident)
+            head = self._look(batch.keys[index])
         except (TransientError, PermanentError) as exc:
-            if exc.code in GONE_CODES:
-                batch.set(index, Outcome.DELETED)
+            if exc.code == NOT_FOUND_UNCONFIRMED:
+                batch.set(index, Outcome.PERMANENT, exc.code, exc.message)
             else:
                 batch.set(index, Outcome.TRANSIENT, code, f"{message}; lookup: {exc}")
             return
+        if head is None:
+            batch.set(index, Outcome.DELETED)
+            return
         condition = batch.condition(index)
-        if code == PRECONDITION_FAILED or (condition and head.get("ETag") != condition):
+        if condition and not _same_etag(head.get("ETag", ""), condition):
             batch.set(
                 index,
                 Outcome.SKIPPED,
                 CHANGED_SINCE_LISTING,
                 f"rewritten since it was listed (ETag now {head.get('ETag', '?')}); kept",
             )
+        elif code == PRECONDITION_FAILED:
+            listed = f"the listed ETag {condition}" if condition else "no condition sent"
+            batch.set(
+                index,
+                Outcome.PERMANENT,
+                CONDITION_MISMATCH,
+                f"the endpoint refused the delete as PreconditionFailed, yet the object "
+                f"still has {listed}: it compares ETags in another form than it lists "
+                f"them; kept. Run `digest-cleanup check {self.kind.name}`; if it finds "
+                f"conditional deletes not honoured, set conditional_deletes = false on "
+                f"the target, then redrive",
+            )
         else:
             batch.set(index, Outcome.TRANSIENT, code, f"{message}; still present, retried")
+
+    def _look(self, key: str) -> dict[str, Any] | None:
+        """HEAD ``key``; ``None`` only when the store says it is gone with an S3 code.
+
+        A HEAD answer has no body, so its 404 never carries ``NoSuchKey``: a GET,
+        whose error body does, tells a key that is gone from a 404 that any
+        gateway or wrong endpoint path sends, raised as ``not_found_unconfirmed``.
+        """
+        ident = self._identifier(key, "")
+        try:
+            with mapped_errors():
+                head: dict[str, Any] = self.client.head_object(Bucket=self.options.bucket, **ident)
+                return head
+        except PermanentError as exc:
+            if exc.code in GONE_CODES:
+                return None
+            if exc.code != BARE_NOT_FOUND:
+                raise
+        try:
+            with mapped_errors():
+                got: dict[str, Any] = self.client.get_object(Bucket=self.options.bucket, **ident)
+        except PermanentError as exc:
+            if exc.code in GONE_CODES:
+                return None
+            if exc.code == BARE_NOT_FOUND:
+                raise PermanentError(NOT_FOUND_UNCONFIRMED, _unconfirmed(exc.message)) from exc
+            raise
+        got.pop("Body").close()  # only its headers were wanted
+        return got
 
     def _resolve_missing_conditions(self, batch: Batch, cutoff: datetime) -> None:
         """Look up the ETag of a current-version key that came without one.
@@ -163,17 +220,13 @@ class Deletion:
             if batch.condition(index):
                 continue
             try:
-                with mapped_errors():
-                    head = self.client.head_object(
-                        Bucket=self.options.bucket, Key=batch.keys[index]
-                    )
+                head = self._look(batch.keys[index])
             except (TransientError, PermanentError) as exc:
-                if exc.code in GONE_CODES:
-                    batch.set(index, Outcome.DELETED)
-                else:
-                    self._classify(batch, index, exc.code, exc.message, exc)
+                self._classify(batch, index, exc.code, exc.message, exc)
                 continue
-            if aware(head["LastModified"]) >= cutoff:
+            if head is None:
+                batch.set(index, Outcome.DELETED)
+            elif aware(head["LastModified"]) >= cutoff:
                 batch.set(
                     index,
                     Outcome.SKIPPED,
@@ -221,6 +274,22 @@ class Deletion:
             return until is not None and aware(until) > datetime.now(UTC)
         except ClientError:
             return False
+
+
+def _unconfirmed(message: str) -> str:
+    """Why a 404 without an S3 error code is a failure, and the likely fix."""
+    said = f" ({message})" if message and message != "Not Found" else ""
+    return (
+        f"the endpoint answered 404 without an S3 error code{said}, so the key is not "
+        "known to be gone and is not counted deleted; S3 names a missing key NoSuchKey. "
+        "CLEANUP_S3_ENDPOINT_URL likely points at the wrong host or path (a gateway or "
+        "proxy that does not route to S3): fix it, then redrive"
+    )
+
+
+def _same_etag(found: str, listed: str) -> bool:
+    """Whether two ETags name the same content, whatever quotes or case each came in."""
+    return found.strip('"').lower() == listed.strip('"').lower()
 
 
 class Batch:

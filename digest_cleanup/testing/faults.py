@@ -24,7 +24,7 @@ import random
 import threading
 import time
 from collections.abc import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
 from digest_cleanup.testing.s3_messages import (
@@ -32,8 +32,10 @@ from digest_cleanup.testing.s3_messages import (
     SLOWDOWN_BODY,
     access_denied_entries,
     delete_result,
+    error_body,
     fix_integrity_headers,
     is_delete_objects,
+    key_errors,
     merge_errors,
     split_delete_body,
 )
@@ -42,6 +44,8 @@ __all__ = ["FaultProxy"]
 
 #: The headers of a conditional DeleteObject, dropped under ``strip_conditions``.
 _CONDITION_HEADERS = frozenset({"if-match", "if-none-match"})
+#: S3's message for a delete whose ETag condition it did not accept.
+_PRECONDITION_MESSAGE = "At least one of the pre-conditions you specified did not hold"
 
 
 class FaultProxy(ReverseProxy):
@@ -63,11 +67,19 @@ class FaultProxy(ReverseProxy):
     * ``strip_conditions`` - delete conditions (DeleteObjects' per-object ``<ETag>``,
       DeleteObject's ``If-Match``) are dropped before forwarding, as by a server
       that ignores them without saying so.
+    * ``precondition_failed_keys`` - keys whose conditional delete is refused with
+      ``PreconditionFailed`` (per key in a DeleteObjects answer, 412 for a
+      DeleteObject) without being forwarded, whatever their ETag: a server that
+      compares ETags in another form than it lists them.
+    * ``not_found_keys`` - keys whose HEAD, GET and DeleteObject are answered with a
+      bare 404 (no S3 error code) without being forwarded, as by a gateway or a
+      wrong endpoint path that does not route them to S3.
 
     Counters: ``requests_total``, ``delete_requests`` (DeleteObjects forwarded
     upstream), ``deleted_key_counts`` (how often each key was in a forwarded
     DeleteObjects) and ``faults_injected`` by kind (``slowdown``, ``down``,
-    ``delay``, ``put_denied``, and ``access_denied`` counted per key).
+    ``delay``, ``put_denied``, ``bare_404``, and ``access_denied`` and
+    ``precondition_failed`` counted per key).
     """
 
     label = "fault proxy"
@@ -93,6 +105,9 @@ class FaultProxy(ReverseProxy):
         self._delay = 0.0
         self._down_until = 0.0
         self._deny_keys: frozenset[str] = frozenset()
+        #: See the class docstring; assign any collection of keys, read a frozenset.
+        self.precondition_failed_keys: frozenset[str] = frozenset()
+        self.not_found_keys: frozenset[str] = frozenset()
         #: Drop delete conditions before forwarding (see the class docstring).
         self.strip_conditions = False
         #: Refuse every PUT under this path (see the class docstring); "" refuses none.
@@ -158,6 +173,8 @@ class FaultProxy(ReverseProxy):
         self.delay = 0.0
         self.down = False
         self.deny_keys = frozenset()
+        self.precondition_failed_keys = frozenset()
+        self.not_found_keys = frozenset()
         self.strip_conditions = False
         self.deny_puts_under = ""
 
@@ -225,6 +242,8 @@ class FaultProxy(ReverseProxy):
             self._count_fault("put_denied")
             request.reply(http.client.FORBIDDEN, ACCESS_DENIED_BODY, [])
             return
+        if self._answer_for_key(request):
+            return
         if is_delete_objects(request.command, request.path):
             self._delete_objects(request, body)
             return
@@ -242,17 +261,24 @@ class FaultProxy(ReverseProxy):
                 [("Retry-After", str(self.retry_after))],
             )
             return
+        deny, mismatch = self.deny_keys, self.precondition_failed_keys
         parsed = (
             None
             if body is None
-            else split_delete_body(body, self.deny_keys, strip_conditions=self.strip_conditions)
+            else split_delete_body(body, deny | mismatch, strip_conditions=self.strip_conditions)
         )
         if parsed is None:
             request.relay(body)
             return
-        if parsed.denied:
-            self._count_fault("access_denied", len(parsed.denied))
-        injected = access_denied_entries(parsed.denied)
+        denied = [d for d in parsed.denied if d[0] in deny]
+        refused = [d for d in parsed.denied if d[0] not in deny]
+        if denied:
+            self._count_fault("access_denied", len(denied))
+        if refused:
+            self._count_fault("precondition_failed", len(refused))
+        injected = access_denied_entries(denied) + key_errors(
+            refused, "PreconditionFailed", _PRECONDITION_MESSAGE
+        )
         if parsed.denied and not parsed.forwarded_keys:
             # Nothing left to delete: answer as S3 would, without a round trip.
             request.reply(http.client.OK, delete_result(injected), [])
@@ -267,6 +293,29 @@ class FaultProxy(ReverseProxy):
         if injected and response.status == http.client.OK:
             response = response._replace(body=merge_errors(response.body, injected))
         request.send(*response)
+
+    def _answer_for_key(self, request: ProxyHandler) -> bool:
+        """Answer a request on one key under ``not_found_keys`` or ``precondition_failed_keys``.
+
+        True when the proxy answered it itself (and did not forward it).
+        """
+        if request.command not in ("HEAD", "GET", "DELETE"):
+            return False
+        _, _, key = unquote(urlsplit(request.path).path).lstrip("/").partition("/")
+        if not key:
+            return False  # a bucket-level request (a listing), never one key's
+        if key in self.not_found_keys:
+            self._count_fault("bare_404")
+            request.send(http.client.NOT_FOUND, "Not Found", [("Content-Type", "text/plain")],
+                         b"404 page not found\n")  # fmt: skip
+            return True
+        conditional = any(h.lower() in _CONDITION_HEADERS for h in request.headers)
+        if request.command == "DELETE" and conditional and key in self.precondition_failed_keys:
+            self._count_fault("precondition_failed")
+            body = error_body("PreconditionFailed", _PRECONDITION_MESSAGE)
+            request.reply(http.client.PRECONDITION_FAILED, body, [])
+            return True
+        return False
 
     # -- used by the rules, on the handler threads
 
