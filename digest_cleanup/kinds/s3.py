@@ -4,7 +4,10 @@ With ``versions = "current"`` (the default) each key the pipeline carries is an
 S3 key, and deleting it in a versioned bucket only adds a delete marker.  With
 ``versions = "all"`` it is a versioned key (``key?versionId=ID``) of an expired
 key, and every version and delete marker of that key is deleted, so no
-statement survives as a noncurrent version.
+statement survives as a noncurrent version.  A key's versions travel in one
+batch, and its delete markers go only once no data version of it is left
+(:mod:`~digest_cleanup.kinds.s3_versions`), so a held version never becomes
+current again.
 
 Deletes are conditional, so S3 itself makes the final check:
 
@@ -38,6 +41,7 @@ from digest_cleanup.kinds import s3_shards
 from digest_cleanup.kinds.base import Finding, KeyResult, Page, TargetKind, parse_dataclass
 from digest_cleanup.kinds.s3_client import aware, make_client, mapped_errors
 from digest_cleanup.kinds.s3_delete import VERSION_SEPARATOR, Deletion
+from digest_cleanup.kinds.s3_versions import VersionedDeletion
 
 #: DeleteObjects takes at most this many keys per request.
 DELETE_OBJECTS_LIMIT = 1000
@@ -240,8 +244,13 @@ class S3Kind(TargetKind):
     def delete(
         self, keys: Sequence[str], cutoff: datetime, conditions: Sequence[str] = ()
     ) -> list[KeyResult]:
-        """Delete a batch, every key accounted for (see :mod:`~digest_cleanup.kinds.s3_delete`)."""
-        return Deletion(self).delete(keys, cutoff, conditions)
+        """Delete a batch, every key accounted for (see :mod:`~digest_cleanup.kinds.s3_delete`).
+
+        With ``versions = "all"`` a key's delete markers go only after its data versions
+        (see :mod:`~digest_cleanup.kinds.s3_versions`).
+        """
+        deletion = VersionedDeletion(self) if self.all_versions else Deletion(self)
+        return deletion.delete(keys, cutoff, conditions)
 
     def remaining(self, cutoff: datetime) -> int:
         return sum(len(page.expired) for page in self.scan(cutoff))
@@ -264,8 +273,14 @@ class S3Kind(TargetKind):
 
 
 def _expired_versions(key: str, group: list[dict[str, Any]], cutoff: datetime) -> list[str]:
+    """Every version of ``key``, data versions first, unless its newest data version is new.
+
+    A key with only delete markers left expires too.  Markers come last so that a
+    key too large for one batch is split before them (see ``cut_batches``).
+    """
     data = [e for e in group if not e["marker"]]
     newest = max((aware(e["LastModified"]) for e in data), default=None)
     if newest is not None and newest >= cutoff:
         return []
-    return [f"{key}{VERSION_SEPARATOR}{e['VersionId']}" for e in group]
+    markers = [e for e in group if e["marker"]]
+    return [f"{key}{VERSION_SEPARATOR}{e['VersionId']}" for e in (*data, *markers)]

@@ -1,0 +1,170 @@
+"""Deleting every version of expired keys in an order that never brings one back.
+
+With ``versions = "all"`` a batch holds every version and delete marker the
+listing found of each of its keys (the sweep never splits a key's versions over
+two batches: :meth:`~digest_cleanup.kinds.base.TargetKind.group`).  Deleting a
+key's delete marker makes its newest remaining data version current again, so
+deleting the marker while a data version stays (locked, under legal hold, failed)
+makes a deleted statement readable, while the run reports it deleted.  So one
+batch goes in three steps:
+
+1. one listing of the batch's key range says which of its versions are delete
+   markers and which data versions each key still has: the store says so, not the
+   message;
+2. one DeleteObjects for the data versions;
+3. one DeleteObjects for the delete markers of the keys that have no data version
+   left.  A key whose only entries are delete markers goes here at once.
+
+A key that still has a data version keeps its markers, each reported with code
+:data:`MARKER_KEPT` and a message naming the version that stayed:
+
+* a version of this batch stayed: the markers share its fate, dead-lettered
+  beside a permanent failure (a redrive sends them together again) and retried
+  beside a transient one (the retry carries them together);
+* a version newer than the cutoff appeared (the key was written again since it
+  was listed): the key lives again, and its markers are skipped as
+  ``changed_since_listing``; its old versions, named by id, still go;
+* an expired version this batch does not hold (a batch from before batches kept
+  a key's versions together, or one of a key with more versions than a batch
+  takes): the markers are retried until that version is gone.
+
+A data version written between step 1 and step 3 is newer than every marker, so
+deleting the markers then leaves that version current: nothing older comes back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from datetime import datetime
+from typing import Any
+
+from digest_cleanup.errors import PermanentError, TransientError
+from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, Outcome
+from digest_cleanup.kinds.s3_client import aware, mapped_errors
+from digest_cleanup.kinds.s3_delete import VERSION_SEPARATOR, Batch, Deletion
+
+#: The code of a delete marker kept because a data version of its key stayed.
+MARKER_KEPT = "marker_kept"
+
+
+@dataclasses.dataclass
+class StoredKey:
+    """What the store holds of one key: its data versions and its delete markers."""
+
+    #: Version id -> LastModified of each data version.
+    data: dict[str, datetime] = dataclasses.field(default_factory=dict)
+    markers: set[str] = dataclasses.field(default_factory=set)
+
+
+class VersionedDeletion(Deletion):
+    """The delete path of a ``versions = "all"`` target: data versions first, then markers."""
+
+    def _send_open(self, batch: Batch, cutoff: datetime) -> None:
+        """Delete the open versions of ``batch`` in the three steps of the module docstring."""
+        open_ = batch.open()
+        if not open_:
+            return
+        names = [self._identifier(key) for key in batch.keys]
+        try:
+            stored = self._stored_versions(sorted({names[i]["Key"] for i in open_}))
+        except (TransientError, PermanentError) as exc:
+            # Without the store's word no marker can be told apart: delete nothing.
+            outcome = Outcome.TRANSIENT if isinstance(exc, TransientError) else Outcome.PERMANENT
+            for i in open_:
+                batch.set(i, outcome, exc.code, f"listing the batch's versions: {exc.message}")
+            return
+        markers = [i for i in open_ if names[i]["VersionId"] in stored[names[i]["Key"]].markers]
+        data = [i for i in open_ if i not in markers]
+        self._send(batch, data)
+        ready = []
+        for i in markers:
+            key = names[i]["Key"]
+            # Every data version of the key in this batch, settled before this call too.
+            mine = [j for j, n in enumerate(names) if n["Key"] == key and j not in markers]
+            if not self._keep_marker(batch, i, key, stored[key], mine, cutoff):
+                ready.append(i)
+        self._send(batch, ready)
+
+    def _keep_marker(
+        self,
+        batch: Batch,
+        index: int,
+        key: str,
+        stored: StoredKey,
+        mine: list[int],
+        cutoff: datetime,
+    ) -> bool:
+        """Settle marker ``index`` as kept, and say so, when a data version of ``key`` stays."""
+        gone = {
+            self._identifier(batch.keys[j])["VersionId"]
+            for j in mine
+            if batch.done[j].outcome is Outcome.DELETED
+        }
+        staying = [v for v in stored.data if v not in gone]
+        if not staying:
+            return False
+        failed = [batch.done[j] for j in mine if batch.done[j].outcome is not Outcome.DELETED]
+        why = "deleting this delete marker would make that version readable again; kept"
+        if failed:
+            first = failed[0]
+            outcomes = {r.outcome for r in failed}
+            outcome = Outcome.TRANSIENT if outcomes == {Outcome.TRANSIENT} else Outcome.PERMANENT
+            batch.set(
+                index,
+                outcome,
+                MARKER_KEPT,
+                f"version {first.key} stayed ({first.code}: {first.message}); {why}",
+                first.retry_after if outcome is Outcome.TRANSIENT else None,
+            )
+            return True
+        newer = [v for v in staying if stored.data[v] >= cutoff]
+        if newer:
+            batch.set(
+                index,
+                Outcome.SKIPPED,
+                CHANGED_SINCE_LISTING,
+                f"{key} was written again since it was listed (version {newer[0]}, "
+                f"{stored.data[newer[0]].isoformat()}); its delete markers are kept",
+            )
+            return True
+        batch.set(
+            index,
+            Outcome.TRANSIENT,
+            MARKER_KEPT,
+            f"version {key}{VERSION_SEPARATOR}{staying[0]} is not in this batch and still "
+            f"there; {why} until it is gone",
+        )
+        return True
+
+    def _stored_versions(self, keys: list[str]) -> dict[str, StoredKey]:
+        """What the store holds of each of ``keys`` (sorted): one listing over their range.
+
+        The listing starts just before the first key (``KeyMarker`` lists the keys
+        after it) and stops past the last, so a batch costs about one request per
+        1,000 versions in its range, where a listing per key would cost one per key.
+        """
+        found = {key: StoredKey() for key in keys}
+        last = keys[-1]
+        # By character on purpose: an S3 key is a string, not a path.
+        prefix = os.path.commonprefix([keys[0], last])  # noqa: RUF071
+        params: dict[str, Any] = {"Bucket": self.options.bucket, "Prefix": prefix}
+        if keys[0][:-1]:
+            params["KeyMarker"] = keys[0][:-1]
+        with mapped_errors():
+            while True:
+                response = self.client.list_object_versions(**params)
+                for version in response.get("Versions", []):
+                    if version["Key"] in found:
+                        stored = found[version["Key"]]
+                        stored.data[version["VersionId"]] = aware(version["LastModified"])
+                for marker in response.get("DeleteMarkers", []):
+                    if marker["Key"] in found:
+                        found[marker["Key"]].markers.add(marker["VersionId"])
+                next_key = response.get("NextKeyMarker")
+                if not response.get("IsTruncated") or not next_key or next_key > last:
+                    return found
+                params["KeyMarker"] = next_key
+                params.pop("VersionIdMarker", None)
+                if response.get("NextVersionIdMarker"):
+                    params["VersionIdMarker"] = response["NextVersionIdMarker"]
