@@ -3,6 +3,9 @@
 Each ``[targets.NAME]`` table holds the common fields below plus the fields of
 its kind (``kind = "s3"`` by default).  Everything is validated on load, and an
 error names the target, the field and what would be accepted.
+
+It is long because every common field's check and the sentence its error says live
+here, so one module answers "what may a targets file say?".
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ DEFAULT_BATCH_SIZE = 500
 #: 120k-customer digest: large enough for a normal week, small enough to stop
 #: ``retention_days = 0`` from wiping a bucket that holds a month of artifacts.
 DEFAULT_MAX_DELETE = 250_000
+#: A run that skips more than this share of its expired keys (kept as changed since
+#: the listing) ends ``complete_with_failures``, not ``complete``.  A normal week
+#: re-renders a few artifacts between listing and delete; a tenth is already a
+#: pattern, such as a job rewriting the prefix while the run deletes.
+DEFAULT_MAX_SKIPPED_SHARE = 0.1
 #: How long after a missed slot beat still catches up on start (a weekly schedule).
 CATCH_UP_WINDOW = timedelta(days=7)
 #: How far back :meth:`Target.last_slot` looks for a slot before giving up.
@@ -47,6 +55,7 @@ COMMON_FIELDS = frozenset(
         "description",
         "overlaps",
         "delete_rate",
+        "max_skipped_share",
     }
 )
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -72,6 +81,8 @@ class Target:
     #: Keys per second every worker together may delete (``delete_rate``); 0 is no
     #: budget, None the kind's default (see :meth:`delete_budget`).
     delete_rate: float | None = None
+    #: Share of a run's expired keys it may skip and still end ``complete``.
+    max_skipped_share: float = DEFAULT_MAX_SKIPPED_SHARE
 
     def delete_budget(self, settings: Settings) -> float:
         """Keys per second this target's deletes share across the fleet; 0: no budget.
@@ -269,6 +280,7 @@ def parse_target(name: str, table: Mapping[str, Any]) -> Target:
         )
     description = _optional(name, table, "description", str, "")
     delete_rate = _delete_rate(name, table)
+    max_skipped_share = _max_skipped_share(name, table)
     overlaps = _optional(name, table, "overlaps", list, [])
     if not all(isinstance(o, str) for o in overlaps):
         raise TargetsFileError(
@@ -292,6 +304,7 @@ def parse_target(name: str, table: Mapping[str, Any]) -> Target:
         config_digest=digest,
         overlaps=tuple(overlaps),
         delete_rate=delete_rate,
+        max_skipped_share=max_skipped_share,
     )
 
 
@@ -304,6 +317,17 @@ def _delete_rate(name: str, table: Mapping[str, Any]) -> float | None:
         raise TargetsFileError(
             f"targets.{name}.delete_rate: expected keys per second (a number, 0 for no "
             f"budget), got {value!r}; AWS S3 allows about 3500 per partitioned prefix"
+        )
+    return float(value)
+
+
+def _max_skipped_share(name: str, table: Mapping[str, Any]) -> float:
+    """``max_skipped_share``: a number from 0 to 1."""
+    value = table.get("max_skipped_share", DEFAULT_MAX_SKIPPED_SHARE)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise TargetsFileError(
+            f"targets.{name}.max_skipped_share: expected a share between 0 and 1 (0.1 is a "
+            f"tenth of a run's expired keys; 1 lets every key be skipped), got {value!r}"
         )
     return float(value)
 

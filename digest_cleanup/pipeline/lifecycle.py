@@ -116,6 +116,8 @@ def _run_fields(
         "trigger": trigger,
         "batch_size": target.batch_size,
         "max_delete": target.max_delete,
+        # A string: the run store keeps it as written, not as a double rounds it.
+        "max_skipped_share": str(target.max_skipped_share),
         "config_digest": target.config_digest,
     }
 

@@ -77,7 +77,9 @@ def test_keys_rewritten_after_listing_survive_and_are_reported(
     run = _finished(stack, run_id)
 
     # Then the rewritten keys are kept with their new content, the rest of their
-    # batches is deleted, and the accounting adds up with them as skipped
+    # batches is deleted, and the accounting adds up with them as skipped; a fifth of
+    # the run skipped is more than the default max_skipped_share (a tenth) allows, so
+    # the run is not complete
     assert list_keys(s3, bucket) == set(rewritten)
     assert all(_body(s3, bucket, key) == REWRITTEN for key in rewritten[:20])
     assert (run["expired"], run["deleted"], run["skipped"], run["dead_lettered"]) == (
@@ -86,7 +88,11 @@ def test_keys_rewritten_after_listing_survive_and_are_reported(
         200,
         0,
     )
-    assert run["status"] == "complete"
+    assert (run["status"], run["reason"]) == (
+        "complete_with_failures",
+        "max_skipped_share_exceeded",
+    )
+    assert "200 of 1000" in run["message"]
     assert run["conditional_deletes"] is True
     assert _entries(stack) == []  # kept on purpose: never retried, never dead-lettered
     # and the audit report names each of them, with why
