@@ -150,6 +150,16 @@ class TargetKind(ABC):
     #: the target's shared delete budget (see :mod:`digest_cleanup.pipeline.budget`).
     throttle_codes: ClassVar[frozenset[str]] = frozenset()
 
+    def group(self, key: str) -> str:
+        """The group ``key`` belongs to: the sweep never splits a group over two batches.
+
+        Keys whose deletes must be ordered against each other (an S3 key's versions
+        and delete markers) share a group, so one :meth:`delete` call sees them all.
+        A scan yields a group's keys one after another, all in one page.  The
+        default puts every key in a group of its own.
+        """
+        return key
+
     @classmethod
     def default_delete_rate(cls, options: Any, settings: Settings) -> float:
         """Keys per second a target of this kind may delete when it sets no ``delete_rate``.

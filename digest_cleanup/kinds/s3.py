@@ -176,6 +176,11 @@ class S3Kind(TargetKind):
         """True when a key is one version of a key (``versions = "all"``)."""
         return bool(self.options.versions == "all")
 
+    def group(self, key: str) -> str:
+        """With ``versions = "all"``, the S3 key: its versions and markers go in one batch."""
+        base, separator, _ = key.rpartition(VERSION_SEPARATOR)
+        return base if self.all_versions and separator else key
+
     def scan(self, cutoff: datetime, start_after: str | None = None) -> Iterator[Page]:
         # Listing errors reach the sweep as TransientError or PermanentError.
         with mapped_errors():

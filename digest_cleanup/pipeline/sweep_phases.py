@@ -20,6 +20,7 @@ from digest_cleanup.config.targets import Target
 from digest_cleanup.errors import RunStateError
 from digest_cleanup.kinds import Page, TargetKind
 from digest_cleanup.logs import log_event
+from digest_cleanup.pipeline.batch_groups import cut_batches
 from digest_cleanup.pipeline.batches import BatchPayload, batch_id
 from digest_cleanup.pipeline.checkpoint import Checkpoint, Expired, Stage
 from digest_cleanup.pipeline.lifecycle import finish_run
@@ -164,10 +165,10 @@ def _refuse_max_delete(sweep: Slice, limit: int) -> bool:
 
 def _stage(sweep: Slice, *, final: bool) -> None:
     """Stage the full batches in the unbatched keys (and the rest too when ``final``)."""
-    stage, size = sweep.cp.stage, sweep.target.batch_size
-    cut = len(stage.unbatched) if final else len(stage.unbatched) - len(stage.unbatched) % size
-    batches = [stage.unbatched[i : i + size] for i in range(0, cut, size)]
-    stage.unbatched = stage.unbatched[cut:]
+    stage = sweep.cp.stage
+    batches, stage.unbatched = cut_batches(
+        stage.unbatched, sweep.target.batch_size, sweep.kind, final=final
+    )
     if batches:
         stage.staged = sweep.store.stage(sweep.run_id, batches)
 
