@@ -243,7 +243,13 @@ def _check_overlaps(targets: Iterable[Target], audit_url: str | None) -> None:
 
 
 def _nested(a: str, b: str) -> bool:
-    """True when one prefix contains the other (the empty prefix contains every key)."""
+    """True when some key could start with both prefixes (the empty one starts every key).
+
+    A string test, not a path test, on purpose: a folder ends in ``/`` (S3 refuses a
+    folder prefix without one, PostgreSQL's namespace is ``schema/table/``), so
+    ``data/a/`` never contains ``data/ab/``, while a raw ``statements`` prefix
+    (``prefix_is_folder = false``) really does share keys with ``statements-archive/``.
+    """
     return a.startswith(b) or b.startswith(a)
 
 

@@ -15,7 +15,9 @@ How it uses the database:
   never OFFSET;
 * :meth:`PostgresKind.delete` runs one ``DELETE ... = ANY(...) AND ts < cutoff``
   per batch.  The statement that deletes a row also checks that it is still
-  expired.
+  expired;
+* a ``date`` column is kept to the end of its day: a row dated D expires once
+  D+1 00:00 UTC is at or before the cutoff, never on D itself.
 """
 
 from __future__ import annotations
@@ -124,6 +126,19 @@ class PostgresKind(TargetKind):
         validate(target, options)
         return options
 
+    @classmethod
+    def namespace(cls, options: PostgresOptions) -> tuple[str, str]:
+        """``(postgres://$DSN_ENV, schema/table/)``: two targets on one table overlap.
+
+        The store is the DSN's variable, the only name of the database the targets file
+        has; two variables holding one DSN are not caught.  An unqualified table is taken
+        as ``public``'s, PostgreSQL's default ``search_path``: a false alarm there is the
+        safe side, and ``overlaps`` says it is meant.  The table ends in ``/`` so that
+        ``events`` does not contain ``events_archive``.
+        """
+        schema, _, table = options.table.rpartition(".")
+        return f"postgres://${options.dsn_env}", f"{schema or 'public'}/{table}/"
+
     def describe(self) -> str:
         """``postgres://<table>``; never the DSN, which may hold a password."""
         return f"postgres://{self.options.table}"
@@ -143,7 +158,11 @@ class PostgresKind(TargetKind):
                 with conn.transaction(), conn.cursor() as cur:
                     cur.execute(
                         self._scan_sql(key, first=cursor is None),
-                        {"cutoff": cutoff, "after": cursor, "limit": self.scan_page_size},
+                        {
+                            "cutoff": key.expiry_bound(cutoff),
+                            "after": cursor,
+                            "limit": self.scan_page_size,
+                        },
                     )
                     rows = cur.fetchall()
             if not rows:
@@ -166,7 +185,8 @@ class PostgresKind(TargetKind):
                 key = self._key_type()
                 conn = self._connection()
                 with conn.transaction(), conn.cursor() as cur:
-                    cur.execute(self._delete_sql(key), {"items": list(keys), "cutoff": cutoff})
+                    bound = key.expiry_bound(cutoff)
+                    cur.execute(self._delete_sql(key), {"items": list(keys), "cutoff": bound})
                     deleted = {row[0] for row in cur.fetchall()}
                     rest = [item for item in keys if item not in deleted]
                     present: set[str] = set()
@@ -206,14 +226,14 @@ class PostgresKind(TargetKind):
     def remaining(self, cutoff: datetime) -> int:
         """``count(*)`` of the rows still older than ``cutoff``."""
         with self._mapped_errors():
-            self._key_type()
+            key = self._key_type()
             conn = self._connection()
             with conn.transaction(), conn.cursor() as cur:
                 cur.execute(
                     "SELECT set_config('statement_timeout', %s, true)", [COUNT_STATEMENT_TIMEOUT]
                 )
                 count = sql.SQL("SELECT count(*) FROM {t} WHERE {ts} < %s")
-                cur.execute(count.format(t=self._table, ts=self._ts), [cutoff])
+                cur.execute(count.format(t=self._table, ts=self._ts), [key.expiry_bound(cutoff)])
                 row = cur.fetchone()
         return int(row[0]) if row else 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from datetime import UTC, date, datetime
 from typing import Any, NamedTuple
 
 import psycopg
@@ -36,6 +37,19 @@ class KeyType:
     name: str  # pg_type.typname: int8, uuid, varchar, ...
     display: str  # format_type(): bigint, uuid, character varying(64), ...
     max_chars: int | None  # the n of varchar(n) or char(n)
+    #: The timestamp column is a ``date``: a row dated D is kept all of D, so it expires
+    #: once D+1 00:00 UTC is at or before the cutoff (see :meth:`expiry_bound`).
+    day_column: bool = False
+
+    def expiry_bound(self, cutoff: datetime) -> datetime | date:
+        """What the timestamp column is compared with: ``ts < bound`` has expired.
+
+        A ``date`` compared with a timestamp counts as its midnight, so a row dated
+        on the cutoff's day would go up to a day inside retention; compared with the
+        cutoff's own UTC date instead, ``D < date(cutoff)`` is exactly
+        ``D+1 00:00 <= cutoff``.
+        """
+        return cutoff.astimezone(UTC).date() if self.day_column else cutoff
 
     @property
     def array(self) -> sql.Composable:
@@ -109,6 +123,7 @@ def look_up(
         name=pk.typname,
         display=pk.display,
         max_chars=pk.typmod - 4 if limited else None,
+        day_column=ts.typname == "date",
     )
 
 

@@ -80,6 +80,9 @@ class S3Options:
     #: Send each key's listed ETag with its delete, so S3 keeps a key rewritten since.
     #: Turn off only for a server that refuses the condition (``digest-cleanup check``).
     conditional_deletes: bool = True
+    #: The prefix names a folder, so it must end in ``/``: ``statements`` without one
+    #: also matches ``statements-archive/``.  ``false`` asks for that raw match by name.
+    prefix_is_folder: bool = True
 
 
 class S3Kind(TargetKind):
@@ -109,6 +112,13 @@ class S3Kind(TargetKind):
         if opts.prefix and opts.allow_whole_bucket:
             raise TargetsFileError(
                 f"targets.{target}.allow_whole_bucket: only meaningful with prefix = ''; remove it"
+            )
+        if opts.prefix and not opts.prefix.endswith("/") and opts.prefix_is_folder:
+            raise TargetsFileError(
+                f"targets.{target}.prefix: {opts.prefix!r} does not end in '/', so it also "
+                f"matches sibling folders such as '{opts.prefix}-archive/'; add a trailing "
+                f"slash, or set prefix_is_folder = false if you mean every key that starts "
+                f"with {opts.prefix!r}"
             )
         return opts
 

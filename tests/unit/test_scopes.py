@@ -35,7 +35,9 @@ def _target(name: str, bucket: str, prefix: str, *extra: str) -> str:
     ],
 )
 def test_targets_whose_prefixes_nest_are_refused_naming_both(first, second):
-    text = _target("a", "bkt", first) + _target("b", "bkt", second)
+    # A prefix without its trailing slash has to be asked for as a raw prefix.
+    raw = () if first.endswith("/") else ("prefix_is_folder = false",)
+    text = _target("a", "bkt", first, *raw) + _target("b", "bkt", second)
 
     with pytest.raises(TargetsFileError, match=r"targets\.a and targets\.b overlap") as err:
         parse_targets(text)
