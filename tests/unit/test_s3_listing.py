@@ -170,15 +170,22 @@ def test_an_object_without_a_timestamp_is_left_to_botocore():
     assert response["body"] == body
 
 
-def test_interleaved_common_prefixes_are_left_to_botocore():
+def test_interleaved_common_prefixes_stay_for_botocore():
+    # Given common prefixes between two objects
     prefixes = b"<CommonPrefixes><Prefix>p/</Prefix></CommonPrefixes>"
     body = page(*OBJECTS[:2]).replace(
         b"</Contents><Contents>", b"</Contents>" + prefixes + b"<Contents>"
     )
     response = {"status_code": 200, "body": body}
 
-    assert s3_listing.parse_contents(response, fast_timestamp) is None
-    assert response["body"] == body
+    # When the hook reads the page
+    contents = s3_listing.parse_contents(response, fast_timestamp)
+
+    # Then it takes both objects, and leaves the prefixes where they were
+    assert contents is not None
+    assert [o["Key"] for o in contents] == [key for key, _ in OBJECTS[:2]]
+    assert prefixes in response["body"]
+    assert b"<Contents>" not in response["body"]
 
 
 def test_deletes_on_the_same_client_still_report_per_key_errors(lean):
