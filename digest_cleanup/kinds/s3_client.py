@@ -57,18 +57,21 @@ TRANSIENT_CODES = frozenset(
 )
 
 
-def make_client(settings: Settings, *, max_attempts: int = 1) -> Any:
+def make_client(settings: Settings, *, max_attempts: int = 1, lean_listing: bool = True) -> Any:
     """An S3 client for these settings.
 
     Retries are the pipeline's job (task-level backoff that frees the worker and
     honours ``Retry-After``), so deletes go out with a single attempt.  Its
     ListObjectsV2 pages carry ``Key``, ``LastModified`` and ``ETag`` only (see
-    :mod:`digest_cleanup.kinds.s3_listing`).
+    :mod:`digest_cleanup.kinds.s3_listing`).  With ``lean_listing=False`` botocore
+    parses every response as it ships, timestamps included: ``verify`` lists with
+    such a client, so a fault in the sweep's reader cannot hide itself.
     """
     core = botocore.session.get_session()
-    core.get_component("response_parser_factory").set_parser_defaults(
-        timestamp_parser=fast_timestamp
-    )
+    if lean_listing:
+        core.get_component("response_parser_factory").set_parser_defaults(
+            timestamp_parser=fast_timestamp
+        )
     session = boto3.Session(
         botocore_session=core,
         aws_access_key_id=settings.aws_access_key_id,
@@ -89,10 +92,11 @@ def make_client(settings: Settings, *, max_attempts: int = 1) -> Any:
         s3={"addressing_style": "path"} if settings.s3_endpoint_url else None,
     )
     client = session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
-    # Listing is the guard pass's cost, and it comes before the first delete.
-    s3_listing.install(
-        client, fast_timestamp, getattr(botocore.handlers, "_handle_200_error", None)
-    )
+    if lean_listing:
+        # Listing is the guard pass's cost, and it comes before the first delete.
+        s3_listing.install(
+            client, fast_timestamp, getattr(botocore.handlers, "_handle_200_error", None)
+        )
     return client
 
 
