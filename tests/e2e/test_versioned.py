@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from tests.conftest import put_keys, s3_targets, seed_split
 
@@ -93,3 +94,109 @@ def test_without_all_versions_a_versioned_bucket_only_gains_delete_markers(
     verify = stack.cli("verify", "statements", "--cutoff", cutoff.isoformat(), "--json").json()
     assert verify["remaining_expired"] == 0
     assert verify["noncurrent_versions"] == 40  # 20 noncurrent versions and 20 delete markers
+
+
+def _deleted_statements(s3: Any, bucket: str, keys: list[str], versions: int = 2) -> None:
+    """Write ``versions`` data versions of each key, then delete it: a delete marker on top."""
+    for n in range(versions):
+        put_keys(s3, bucket, keys, body=f"version {n}".encode())
+    for key in keys:
+        s3.delete_object(Bucket=bucket, Key=key)
+
+
+def _hold_oldest(s3: Any, bucket: str, keys: list[str]) -> dict[str, str]:
+    """Put the oldest data version of each key under legal hold; key -> its versioned key."""
+    held = {}
+    for key in keys:
+        oldest = [v for v, marker in _versions(s3, bucket)[key] if not marker][-1]
+        s3.put_object_legal_hold(
+            Bucket=bucket, Key=key, VersionId=oldest, LegalHold={"Status": "ON"}
+        )
+        held[key] = f"{key}?versionId={oldest}"
+    return held
+
+
+def _readable(s3: Any, bucket: str, key: str) -> bool:
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] not in ("404", "NoSuchKey"):
+            raise
+        return False
+    return True
+
+
+def _dead_letters(stack: Any) -> list[dict[str, Any]]:
+    return list(stack.cli("dlq", "list", "--json").json()["entries"])
+
+
+def test_deleted_statements_with_a_held_old_version_stay_deleted(make_stack, s3, locked_bucket):
+    # Given 20 deleted statements (two versions and a delete marker each), the
+    # oldest version of 5 of them under legal hold
+    bucket = locked_bucket
+    keys = OLD[:20]
+    _deleted_statements(s3, bucket, keys)
+    held = _hold_oldest(s3, bucket, keys[::4])
+    markers = {k: [f"{k}?versionId={v}" for v, m in _versions(s3, bucket)[k] if m] for k in held}
+    cutoff = seed_split(s3, bucket, [], NEW)
+    stack = make_stack(s3_targets(bucket, versions="all"))
+    stack.worker()
+
+    # When the run is waited for
+    result = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json")
+
+    # Then no deleted statement reads again: the held ones keep their delete markers
+    assert [k for k in keys if _readable(s3, bucket, k)] == []
+    left = _versions(s3, bucket)
+    assert {k for k in keys if k in left} == set(held)
+    assert all(sorted(m for _, m in left[k]) == [False, True] for k in held)
+    # and the run counts every version, with the held ones and their markers dead-lettered
+    run = result.json()
+    assert result.code == 1, result
+    assert (run["expired"], run["deleted"], run["dead_lettered"], run["skipped"]) == (
+        60,
+        50,
+        10,
+        0,
+    )
+    # and the dead letters name each held version as locked, and its marker as kept for it
+    codes = {k["key"]: (k["code"], k["message"]) for e in _dead_letters(stack) for k in e["keys"]}
+    assert {k: c for k, (c, _) in codes.items()} == {
+        **dict.fromkeys(held.values(), "locked"),
+        **{marker: "marker_kept" for k in held for marker in markers[k]},
+    }
+    assert all(held[k] in codes[m][1] for k in held for m in markers[k])
+    # and verify still finds them, unreadable
+    verify = stack.cli("verify", "statements", "--cutoff", cutoff.isoformat(), "--json")
+    assert verify.json()["remaining_expired"] == 10
+
+
+def test_a_key_at_a_batch_boundary_keeps_its_versions_in_one_batch(make_stack, s3, locked_bucket):
+    # Given deleted statements of one version and a delete marker each, batches of 3
+    # (so a cut every 3 keys would part the second key from its marker), and the
+    # version of every second key under legal hold
+    bucket = locked_bucket
+    keys = OLD[:8]
+    _deleted_statements(s3, bucket, keys, versions=1)
+    held = _hold_oldest(s3, bucket, keys[1::2])
+    cutoff = seed_split(s3, bucket, [], [])
+    stack = make_stack(s3_targets(bucket, versions="all", batch_size=3))
+    stack.worker(concurrency=4)
+
+    # When the run is waited for
+    result = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json")
+
+    # Then no held statement reads again
+    assert result.code == 1, result
+    assert [k for k in keys if _readable(s3, bucket, k)] == []
+    # and each held version is dead-lettered in one entry (one batch) with its marker
+    entries = _dead_letters(stack)
+    assert len(entries) == len(held)
+    for entry in entries:
+        (version,) = [k["key"] for k in entry["keys"] if k["code"] == "locked"]
+        base = version.partition("?versionId=")[0]
+        assert held[base] == version
+        assert [k["code"] for k in entry["keys"]] == ["locked", "marker_kept"]
+        assert all(k["key"].startswith(base + "?versionId=") for k in entry["keys"])
+    # and every batch held whole keys only: 8 keys of 2 entries in batches of 3 is 8 batches
+    assert result.json()["batches"] == len(keys)
