@@ -28,6 +28,7 @@ from prometheus_client.metrics_core import (
 )
 
 from digest_cleanup.clock import epoch_of
+from digest_cleanup.config.targets import DEFAULT_MAX_SKIPPED_SHARE
 from digest_cleanup.pipeline.budget import BudgetState
 from digest_cleanup.pipeline.run_record import RunView
 from digest_cleanup.pipeline.runtime import Runtime
@@ -56,6 +57,11 @@ class TargetState:
     verify: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: The target's shared delete budget, or None when it has none.
     budget: BudgetState | None = None
+    #: The latest run's failing keys by error code (the report's ``failures_by_code``).
+    failure_codes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: The share of expired keys the latest run may skip and still be complete (the
+    #: target's configured one while it has no run).
+    max_skipped_share: float = DEFAULT_MAX_SKIPPED_SHARE
 
 
 def oldest_pending_age(
@@ -160,8 +166,13 @@ class RunStateCollector:
         run = store.find(run_id) if run_id else None
         pending: list[tuple[str, float]] = []
         retried: dict[str, int] = {}
+        failures: dict[str, int] = {}
+        share = self.runtime.targets.get(target).max_skipped_share
         if run is not None:
             retried = store.retried_codes(run.run_id)
+            failures = store.retry_codes(run.run_id)
+            # A run opened before the field existed is held to the default (see FINISH_LUA).
+            share = float(run.fields.get("max_skipped_share") or DEFAULT_MAX_SKIPPED_SHARE)
             if run.status == "running":
                 pending = store.in_flight(run.run_id)
         return TargetState(
@@ -173,6 +184,8 @@ class RunStateCollector:
             last_success=store.last_success(target),
             verify=store.last_verify(target),
             budget=self.runtime.budget_state(target),
+            failure_codes=failures,
+            max_skipped_share=share,
         )
 
 
@@ -258,6 +271,12 @@ def _add_run_state(fams: _Families, state: TargetState, now: float) -> None:
     for name in STATUSES:
         status.add_metric([*t, name], 1 if run is not None and run.status == name else 0)
     fams.gauge(
+        "digest_cleanup_max_skipped_share",
+        "Share of its expired keys the latest run may skip and still end complete "
+        "(the target's max_skipped_share when the run opened)",
+        ["target"],
+    ).add_metric(t, state.max_skipped_share)
+    fams.gauge(
         "digest_cleanup_run_progress_ratio",
         "Share of the latest run's expired keys that reached an outcome (0 to 1)",
         ["target"],
@@ -300,6 +319,12 @@ def _add_run_counts(fams: _Families, state: TargetState) -> None:
         "the retried keys",
         ["target", "code"],
     )
+    failures = fams.counter(
+        "digest_cleanup_key_failures",
+        "Failing keys of the latest run by error code, once per attempt, retried or "
+        "dead-lettered: the report's failures_by_code",
+        ["target", "code"],
+    )
     info = fams.gauge(
         "digest_cleanup_run_info", "The id of the target's latest run", ["target", "run_id"]
     )
@@ -319,6 +344,8 @@ def _add_run_counts(fams: _Families, state: TargetState) -> None:
         redriven.add_metric(t, run.count("redriven"))
         for code, n in sorted(state.retried_codes.items()):
             retries.add_metric([*t, code], n)
+        for code, n in sorted(state.failure_codes.items()):
+            failures.add_metric([*t, code], n)
         info.add_metric([*t, run.run_id], 1)
         created = epoch_of(run.fields.get("created_at"))
         if created is not None:

@@ -65,6 +65,9 @@ KNOWN_METRICS = frozenset(
         "digest_cleanup_retries_total",
         "digest_cleanup_redriven_total",
         "digest_cleanup_enqueue_to_ack_seconds",
+        "digest_cleanup_key_failures_total",
+        "digest_cleanup_max_skipped_share",
+        "digest_cleanup_run_expired_keys",
     }
 )
 #: The only S3 actions the IAM policy may grant.
@@ -886,6 +889,10 @@ def test_the_required_alerts_exist(rules: dict[str, dict[str, Any]]) -> None:
     assert "digest_cleanup_expired_remaining" in rules["DigestCleanupExpiredRemaining"]["expr"]
     assert 'status="failed"' in rules["DigestCleanupRunFailed"]["expr"]
     assert "rate(digest_cleanup_retries_total" in rules["DigestCleanupRetryStorm"]["expr"]
+    endpoint = rules["DigestCleanupEndpointAnswersNotS3"]["expr"]
+    assert "condition_mismatch" in endpoint
+    assert "not_found_unconfirmed" in endpoint
+    assert "digest_cleanup_max_skipped_share" in rules["DigestCleanupSkippedShareHigh"]["expr"]
 
 
 def test_promtool_check_rules() -> None:
@@ -992,6 +999,36 @@ tests:
       - eval_time: 16m
         alertname: DigestCleanupMetricsAbsent
         exp_alerts: [{exp_labels: {severity: ticket}}]
+  - interval: 1m
+    input_series:
+      # statements: 10 condition_mismatch keys from minute 2, and 30 of 200 expired keys
+      # skipped from minute 3 (0.15 > its 0.1); receipts: 100 SlowDown failures, and 30
+      # of 200 skipped within its allowance of 0.2.
+      - series: 'digest_cleanup_key_failures_total{target="statements",code="condition_mismatch"}'
+        values: '0 0 10x60'
+      - series: 'digest_cleanup_key_failures_total{target="receipts",code="SlowDown"}'
+        values: '100x60'
+      - series: 'digest_cleanup_keys_total{target="statements",outcome="skipped"}'
+        values: '0 0 0 30x60'
+      - series: 'digest_cleanup_keys_total{target="receipts",outcome="skipped"}'
+        values: '30x60'
+      - series: 'digest_cleanup_run_expired_keys{target="statements"}'
+        values: '200x60'
+      - series: 'digest_cleanup_run_expired_keys{target="receipts"}'
+        values: '200x60'
+      - series: 'digest_cleanup_max_skipped_share{target="statements"}'
+        values: '0.1x60'
+      - series: 'digest_cleanup_max_skipped_share{target="receipts"}'
+        values: '0.2x60'
+    alert_rule_test:
+      - {eval_time: 6m, alertname: DigestCleanupEndpointAnswersNotS3, exp_alerts: []}
+      - eval_time: 8m
+        alertname: DigestCleanupEndpointAnswersNotS3
+        exp_alerts: [{exp_labels: {severity: ticket, target: statements, code: condition_mismatch}}]
+      - {eval_time: 17m, alertname: DigestCleanupSkippedShareHigh, exp_alerts: []}
+      - eval_time: 19m
+        alertname: DigestCleanupSkippedShareHigh
+        exp_alerts: [{exp_labels: {severity: ticket, target: statements}}]
 """
 
 
