@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -139,7 +140,9 @@ def test_deleted_statements_with_a_held_old_version_stay_deleted(make_stack, s3,
     held = _hold_oldest(s3, bucket, keys[::4])
     markers = {k: [f"{k}?versionId={v}" for v, m in _versions(s3, bucket)[k] if m] for k in held}
     cutoff = seed_split(s3, bucket, [], NEW)
-    stack = make_stack(s3_targets(bucket, versions="all"))
+    s3.create_bucket(Bucket=f"{bucket}-audit")
+    audit = {"CLEANUP_AUDIT_URL": f"s3://{bucket}-audit/reports/"}
+    stack = make_stack(s3_targets(bucket, versions="all"), env=audit)
     stack.worker()
 
     # When the run is waited for
@@ -166,6 +169,12 @@ def test_deleted_statements_with_a_held_old_version_stay_deleted(make_stack, s3,
         **{marker: "marker_kept" for k in held for marker in markers[k]},
     }
     assert all(held[k] in codes[m][1] for k in held for m in markers[k])
+    # and so does the run's audit report
+    report = f"reports/statements/{run['run_id']}/not_deleted.jsonl"
+    rows = s3.get_object(Bucket=f"{bucket}-audit", Key=report)["Body"].read().decode()
+    assert {(r["key"], r["code"]) for r in map(json.loads, rows.splitlines())} == {
+        (k, c) for k, (c, _) in codes.items()
+    }
     # and verify still finds them, unreadable
     verify = stack.cli("verify", "statements", "--cutoff", cutoff.isoformat(), "--json")
     assert verify.json()["remaining_expired"] == 10
