@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit
 
+from digest_cleanup.testing import s3_listings
 from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
 from digest_cleanup.testing.s3_messages import (
     ACCESS_DENIED_BODY,
@@ -67,6 +68,11 @@ class FaultProxy(ReverseProxy):
     * ``strip_conditions`` - delete conditions (DeleteObjects' per-object ``<ETag>``,
       DeleteObject's ``If-Match``) are dropped before forwarding, as by a server
       that ignores them without saying so.
+    * ``listing_rewrites`` - ListObjectsV2 answers are written back another valid
+      way: control characters as numeric references, keys as from a server that
+      ignores ``encoding-type=url``, the continuation token between the objects
+      (see :mod:`~digest_cleanup.testing.s3_listings`); counted per page as
+      ``listing_rewritten``.
     * ``precondition_failed_keys`` - keys whose conditional delete is refused with
       ``PreconditionFailed`` (per key in a DeleteObjects answer, 412 for a
       DeleteObject) without being forwarded, whatever their ETag: a server that
@@ -110,6 +116,8 @@ class FaultProxy(ReverseProxy):
         self.not_found_keys: frozenset[str] = frozenset()
         #: Drop delete conditions before forwarding (see the class docstring).
         self.strip_conditions = False
+        #: How to rewrite ListObjectsV2 answers (see the class docstring); none when empty.
+        self.listing_rewrites: frozenset[str] = frozenset()
         #: Refuse every PUT under this path (see the class docstring); "" refuses none.
         self.deny_puts_under = ""
         self._requests_total = 0
@@ -177,6 +185,7 @@ class FaultProxy(ReverseProxy):
         self.not_found_keys = frozenset()
         self.strip_conditions = False
         self.deny_puts_under = ""
+        self.listing_rewrites = frozenset()
 
     # -- counters
 
@@ -247,9 +256,26 @@ class FaultProxy(ReverseProxy):
         if is_delete_objects(request.command, request.path):
             self._delete_objects(request, body)
             return
+        rewrites = self.listing_rewrites
+        if rewrites and s3_listings.is_list_objects_v2(request.command, request.path):
+            self._rewrite_listing(request, body, rewrites)
+            return
         # A DeleteObject carries its condition in headers; DeleteObjects in its body.
         stripped = self.strip_conditions and request.command == "DELETE"
         request.relay(body, drop=_CONDITION_HEADERS if stripped else frozenset())
+
+    def _rewrite_listing(
+        self, request: ProxyHandler, body: bytes | None, rewrites: frozenset[str]
+    ) -> None:
+        """Forward a ListObjectsV2 and answer with its page rewritten (``listing_rewrites``)."""
+        response = request.exchange(request.forward_headers(body), body)
+        if response is None:
+            return
+        page = s3_listings.rewrite(response.body, rewrites) if response.status == 200 else None
+        if page is not None:
+            self._count_fault("listing_rewritten")
+            response = response._replace(body=page)
+        request.send(*response)
 
     def _delete_objects(self, request: ProxyHandler, body: bytes | None) -> None:
         """Apply SlowDown and per-key denial to a DeleteObjects request."""
