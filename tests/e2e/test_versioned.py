@@ -8,6 +8,15 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
+from digest_cleanup.testing.s3_messages import (
+    access_denied_entries,
+    delete_result,
+    fix_integrity_headers,
+    is_delete_objects,
+    merge_errors,
+    split_delete_body,
+)
 from tests.conftest import put_keys, s3_targets, seed_split
 
 pytestmark = pytest.mark.e2e
@@ -209,3 +218,78 @@ def test_a_key_at_a_batch_boundary_keeps_its_versions_in_one_batch(make_stack, s
         assert all(k["key"].startswith(base + "?versionId=") for k in entry["keys"])
     # and every batch held whole keys only: 8 keys of 2 entries in batches of 3 is 8 batches
     assert result.json()["batches"] == len(keys)
+
+
+class DenyOneVersion(ReverseProxy):
+    """Refuses the first version of each of ``keys`` that a DeleteObjects names.
+
+    As a bucket policy that denies deleting one version would: that version comes
+    back as a per-key AccessDenied, and the rest of the request is deleted.  The
+    FaultProxy's ``deny_keys`` refuses every version of a key, markers included,
+    which cannot part a key's versions from its marker.
+    """
+
+    label = "version-denying proxy"
+
+    def __init__(self, upstream_url: str, keys: set[str]) -> None:
+        super().__init__(upstream_url)
+        self.keys = frozenset(keys)
+
+    def handle(self, request: ProxyHandler) -> None:
+        body = request.read_body()
+        if body is None or not is_delete_objects(request.command, request.path):
+            request.relay(body)
+            return
+        seen: set[str] = set()
+
+        def refuse(key: str) -> bool:
+            first = key in self.keys and key not in seen
+            seen.add(key)
+            return first
+
+        parsed = split_delete_body(body, refuse)
+        if parsed is None or not parsed.denied:
+            request.relay(body)
+            return
+        injected = access_denied_entries(parsed.denied)
+        if not parsed.forwarded_keys:
+            request.reply(200, delete_result(injected), [])
+            return
+        headers = fix_integrity_headers(request.forward_headers(parsed.body), parsed.body)
+        response = request.exchange(headers, parsed.body)
+        if response is not None and response.status == 200:
+            response = response._replace(body=merge_errors(response.body, injected))
+        if response is not None:
+            request.send(*response)
+
+
+def test_a_version_whose_delete_is_refused_keeps_its_keys_marker(
+    make_stack, s3, weed, locked_bucket
+):
+    # Given 6 deleted statements (two versions and a marker each), and a store that
+    # refuses to delete one version of 3 of them
+    bucket = locked_bucket
+    keys = OLD[:6]
+    _deleted_statements(s3, bucket, keys)
+    refused = set(keys[::2])
+    cutoff = seed_split(s3, bucket, [], [])
+    with DenyOneVersion(weed.endpoint_url, refused) as proxy:
+        stack = make_stack(s3_targets(bucket, versions="all"), direct_s3=proxy.endpoint_url)
+        stack.worker()
+
+        # When the run is waited for
+        result = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json")
+
+        # Then no statement reads again: the refused ones keep a version and their marker
+        assert [k for k in keys if _readable(s3, bucket, k)] == []
+        left = _versions(s3, bucket)
+        assert set(left) == refused
+        assert all(sorted(m for _, m in left[k]) == [False, True] for k in refused)
+        # and the dead letters name the refused version, and the marker kept for it
+        assert result.code == 1, result
+        (entry,) = _dead_letters(stack)
+        codes = sorted((k["key"].partition("?")[0], k["code"]) for k in entry["keys"])
+        assert codes == sorted(
+            [(k, "AccessDenied") for k in refused] + [(k, "marker_kept") for k in refused]
+        )
+        stack.stop()
