@@ -283,7 +283,7 @@ class S3Kind(TargetKind):
         pages = paginator.paginate(Bucket=self.options.bucket, Prefix=self.options.prefix)
         count = 0
         with mapped_errors():
-            for response in pages:
+            for response in s3_shards.listed(pages, self.options.prefix):
                 contents = response.get("Contents", [])
                 count += sum(1 for o in contents if aware(o["LastModified"]) < cutoff)
         return count

@@ -35,10 +35,11 @@ import dataclasses
 import json
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from digest_cleanup.errors import PermanentError
 from digest_cleanup.kinds.s3_ranges import split
 
 #: Sub-prefixes listed at the same time by one listing.  Measured on a 2-core
@@ -189,7 +190,7 @@ def segments(
     }
     direct: Objects = []
     subs: list[str] = []
-    for response in client.get_paginator("list_objects_v2").paginate(**params):
+    for response in listed(client.get_paginator("list_objects_v2").paginate(**params), prefix):
         direct += response.get("Contents", [])
         subs += [p["Prefix"] for p in response.get("CommonPrefixes", [])]
         if response.get("IsTruncated") and not complete:
@@ -197,6 +198,25 @@ def segments(
     if len(subs) < 2 and not complete:
         return None
     return direct, sorted(subs)
+
+
+def listed(responses: Iterable[dict[str, Any]], prefix: str) -> Iterator[dict[str, Any]]:
+    """Each page of a ListObjectsV2 paginator, refusing one that cannot be followed.
+
+    botocore's paginator ends quietly at a page that says ``IsTruncated`` but gives
+    no ``NextContinuationToken`` (a server's or a page reader's fault): the rest of
+    the prefix would never be listed, and every count would still add up.
+    """
+    for response in responses:
+        if response.get("IsTruncated") and not response.get("NextContinuationToken"):
+            raise PermanentError(
+                "truncated_listing",
+                f"a ListObjectsV2 page under {prefix!r} says more keys follow "
+                "(IsTruncated) but gives no NextContinuationToken to list them from, so "
+                "the rest of the prefix cannot be listed; check the S3 endpoint and any "
+                "proxy in front of it, then trigger the run again",
+            )
+        yield response
 
 
 def _close(state: ShardCursor, sub: str, subs: list[str]) -> None:
@@ -226,7 +246,7 @@ def _sequential(
     params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
     if start_after:
         params["StartAfter"] = start_after
-    for response in client.get_paginator("list_objects_v2").paginate(**params):
+    for response in listed(client.get_paginator("list_objects_v2").paginate(**params), prefix):
         if stop is not None and stop.is_set():
             return
         contents = response.get("Contents", [])

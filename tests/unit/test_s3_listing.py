@@ -11,7 +11,9 @@ from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.kinds import s3_listing
+from digest_cleanup.errors import PermanentError
+from digest_cleanup.kinds import s3_listing, s3_shards
+from digest_cleanup.kinds.s3 import S3Kind, S3Options
 from digest_cleanup.kinds.s3_client import fast_timestamp, make_client
 
 ENDPOINT = "http://127.0.0.1:9"  # never reached: every response is served by a hook
@@ -203,3 +205,36 @@ def test_deletes_on_the_same_client_still_report_per_key_errors(lean):
 
     # Then the error is parsed as before
     assert response["Errors"] == [{"Key": "k2", "Code": "AccessDenied", "Message": "no"}]
+
+
+def _truncated_without_token() -> bytes:
+    """A first page that says more keys follow but not where from."""
+    return page(*OBJECTS[:2], truncated=True)
+
+
+@pytest.mark.parametrize("delimited", [False, True])
+def test_a_page_that_cannot_be_followed_fails_the_listing(lean, delimited):
+    # Given a server whose truncated page carries no continuation token
+    serve(lean, _truncated_without_token())
+
+    # When the sweep lists the prefix in key order, or its folders
+    def listing() -> Any:
+        if delimited:
+            return s3_shards.segments(lean, "b", "statements/", 1000, complete=True)
+        return list(s3_shards.pages(lean, "b", "statements/", "statements/0", 1000))
+
+    # Then the listing fails naming why, instead of ending after one page
+    with pytest.raises(PermanentError, match="NextContinuationToken"):
+        listing()
+
+
+def test_verify_refuses_a_page_that_cannot_be_followed(stock):
+    # Given verify's stock client, answered by a server that drops the token
+    serve(stock, _truncated_without_token())
+    settings = Settings(s3_endpoint_url=ENDPOINT, aws_access_key_id="k", aws_secret_access_key="s")
+    kind = S3Kind("statements", S3Options(bucket="b", prefix="statements/"), settings)
+    kind.__dict__["verify_client"] = stock
+
+    # Then verify fails instead of counting one page as the whole prefix
+    with pytest.raises(PermanentError, match="NextContinuationToken"):
+        kind.remaining(datetime(2030, 1, 1, tzinfo=UTC))
