@@ -5,7 +5,8 @@ PYTEST_ARGS ?=
 # (command:package). A test checks that the skip messages in digest_cleanup/testing/tools.py
 # name these same packages.
 APT_TOOLS ?= chromium:chromium chromedriver:chromium-driver promtool:prometheus \
-	redis-server:redis-server openssl:openssl systemd-analyze:systemd ip:iproute2
+	redis-server:redis-server openssl:openssl systemd-analyze:systemd ip:iproute2 \
+	faketime:faketime
 # Root runs apt-get itself; anyone else goes through sudo.
 SUDO = $(if $(filter 0,$(shell id -u)),,sudo)
 

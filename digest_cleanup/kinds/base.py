@@ -90,6 +90,9 @@ class Finding:
     #: ``ok``; ``warning`` (works, but read this); ``problem`` (a run would fail or be unsafe).
     status: Literal["ok", "warning", "problem"]
     detail: str
+    #: A short, stable reason code for a problem a run refuses to start on, such as
+    #: ``conditions_not_honoured``; empty for the rest.
+    code: str = ""
 
 
 class TargetKind(ABC):
@@ -198,6 +201,25 @@ class TargetKind(ABC):
         """True when the store checks each delete against what the scan saw."""
         return True
 
+    def condition_problem(self, condition: str) -> str | None:
+        """Why ``condition`` must not be sent with a delete, or ``None`` when it may.
+
+        Every batch's conditions pass this before anything is deleted, so a kind
+        that checks deletes against what its scan saw says here what a condition
+        looks like (an S3 ETag, say) and refuses anything else, such as ``*``.
+        The default accepts every condition.
+        """
+        return None
+
+    def server_time(self) -> datetime | None:
+        """The store's own clock, as last seen (an HTTP ``Date`` header, say), or ``None``.
+
+        The retention check takes the earliest of this, Redis's clock and the
+        worker's (see :mod:`digest_cleanup.pipeline.trusted_clock`).  The default
+        is ``None``: the kind cannot tell.
+        """
+        return None
+
     def remaining(self, cutoff: datetime) -> int:
         """How many expired keys are still present (for ``verify``)."""
         return sum(len(page.expired) for page in self.scan(cutoff))
@@ -211,6 +233,18 @@ class TargetKind(ABC):
 
         It may write and remove a probe key of its own, never a target's key.
         The default checks nothing.
+        """
+        return []
+
+    def probe_conditions(self) -> list[Finding]:
+        """Prove that the store refuses a delete whose condition no longer holds.
+
+        A run does not start until this passes for its target's scope (see
+        :func:`digest_cleanup.pipeline.lifecycle.start`): a store that ignores
+        conditions would delete keys rewritten after listing.  A problem finding
+        refuses the run, under the finding's ``code``.  It may write and remove
+        probe keys of its own, never a target's key.  The default proves nothing
+        and finds nothing, for kinds whose delete checks the key itself.
         """
         return []
 

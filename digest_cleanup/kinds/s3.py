@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import threading
+import time
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
@@ -67,6 +70,12 @@ THROTTLE_CODES = frozenset(
 )
 
 
+#: What a delete condition must look like: a quoted hex digest (MD5 for a plain upload,
+#: another digest under some encryptions), with ``-N`` for a multipart upload.  ``*``
+#: means "any object" to S3, and an empty condition means none: both are refused.
+ETAG_CONDITION = re.compile(r'"[0-9a-fA-F]{16,64}(-[0-9]{1,5})?"')
+
+
 @dataclasses.dataclass(frozen=True)
 class S3Options:
     """Fields of an S3 target."""
@@ -98,6 +107,8 @@ class S3Kind(TargetKind):
         super().__init__(target, options, settings)
         self._lock = threading.Lock()
         self._client: Any = None
+        #: The last ``Date`` header S3 sent, with the monotonic time it arrived.
+        self._server_date: tuple[datetime, float] | None = None
 
     @classmethod
     def parse_options(cls, target: str, raw: Any) -> S3Options:
@@ -137,7 +148,42 @@ class S3Kind(TargetKind):
         with self._lock:
             if self._client is None:
                 self._client = make_client(self.settings)
+                self._client.meta.events.register("after-call.s3", self._note_date)
             return self._client
+
+    def _note_date(self, http_response: Any = None, **_: Any) -> None:
+        """Keep the store's clock from each answer's ``Date`` header (see :meth:`server_time`)."""
+        raw = getattr(http_response, "headers", {}).get("Date") if http_response else None
+        if not raw:
+            return
+        try:
+            self._server_date = (parsedate_to_datetime(raw), time.monotonic())
+        except (TypeError, ValueError):
+            return
+
+    def server_time(self) -> datetime | None:
+        """S3's clock: the last ``Date`` header, advanced by the time since it arrived.
+
+        ``Date`` has whole seconds and was sent before the answer travelled, so this
+        is up to about a second early: the safe side for a retention check.
+        """
+        seen = self._server_date
+        if seen is None:
+            return None
+        date, at = seen
+        return date + timedelta(seconds=time.monotonic() - at)
+
+    def condition_problem(self, condition: str) -> str | None:
+        if self.all_versions or not self.options.conditional_deletes:
+            # A version key names its version; an unconditional target sends nothing.
+            return None if not condition else "a condition for a target that sends none"
+        if not ETAG_CONDITION.fullmatch(condition):
+            shown = condition[:40] or "an empty condition"
+            return (
+                f"{shown!r} is not an ETag (a quoted hex digest, with -N for a multipart "
+                "upload); S3 would read '*' as any object, and no condition as none"
+            )
+        return None
 
     def prepare(self) -> None:
         # Building a client loads botocore's service model (about 0.2 s of CPU in a
@@ -153,6 +199,14 @@ class S3Kind(TargetKind):
 
         return s3_check.run_checks(self, mapped_errors)
 
+    def probe_conditions(self) -> list[Finding]:
+        """The ETag probe of ``check``, for a target whose deletes send listed ETags."""
+        if self.all_versions or not self.options.conditional_deletes:
+            return []  # a version id names what is deleted; an opted-out target sends none
+        from digest_cleanup.kinds import s3_check
+
+        return s3_check.probe_conditional_deletes(self, mapped_errors)
+
     @classmethod
     def namespace(cls, options: S3Options) -> tuple[str, str]:
         return f"s3://{options.bucket}", options.prefix
@@ -160,12 +214,14 @@ class S3Kind(TargetKind):
     def scope(self) -> dict[str, Any]:
         # Not the endpoint: hosts of one deployment may reach the same store by other
         # URLs (a VPC endpoint, a relay), and their batches must still be accepted.
-        # Not conditional_deletes either: it changes how a key is deleted, not which.
+        # conditional_deletes is in: a worker that would drop the listed ETags deletes
+        # differently from the one that listed, so it refuses the batch instead.
         return {
             "kind": self.name,
             "bucket": self.options.bucket,
             "prefix": self.options.prefix,
             "versions": self.options.versions,
+            "conditional_deletes": self.options.conditional_deletes,
         }
 
     @property

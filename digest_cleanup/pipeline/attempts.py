@@ -4,13 +4,16 @@ The order is what makes at-least-once delivery harmless:
 
 1. Refuse what must not be deleted before touching the store: a message that
    does not decode is dead-lettered as poison; a batch that decodes but fails a
-   check (unknown target or run, a stale incarnation, its target's scope changed
-   since it was listed, a key out of scope, a cutoff inside the retention window)
-   is dead-lettered whole, with every key and condition, and can be redriven.
+   check (unknown target or run, a stale incarnation, a batch id or keys its run
+   never published, a run that was aborted, its target's scope changed since it
+   was listed, a key out of scope, a condition that is not an ETag, a cutoff
+   inside the retention window by the earliest trusted clock) is dead-lettered
+   whole, with every key and condition, and can be redriven.
 2. Wait for the keys' share of the target's delete budget (see
    :mod:`~digest_cleanup.pipeline.budget`).  A wait is neither a retry nor a
    delivery; one longer than a held message may wait is handed back as a copy
-   with a short countdown (``deferred``).
+   with a short countdown (``deferred``).  After the wait the run's status is
+   read again, so an ``abort`` stops every batch that has not yet sent.
 3. Count the delivery; past ``max_deliveries`` the batch is ``worker_lost``.
 4. Delete (idempotent), tell the budget if the store pushed back, publish
    follow-ups (retry, dead letter), and only then record the attempt.  A crash
@@ -23,14 +26,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import PoisonMessage, RefusedBatch
 from digest_cleanup.kinds import KeyResult, Outcome
 from digest_cleanup.logs import log_event
-from digest_cleanup.pipeline.batch_checks import check_batch
+from digest_cleanup.pipeline.batch_checks import (
+    UNACCOUNTED,
+    AlreadyRecorded,
+    check_delivery,
+    ensure_running,
+)
 from digest_cleanup.pipeline.batches import (
     BatchPayload,
     BatchRecord,
@@ -40,7 +47,8 @@ from digest_cleanup.pipeline.batches import (
     decide,
 )
 from digest_cleanup.pipeline.budget import DEFER_SECONDS, longest_wait
-from digest_cleanup.pipeline.dead_letter import make_entry, make_poison_entry
+from digest_cleanup.pipeline.dead_letter import make_entry
+from digest_cleanup.pipeline.poison import poison_batch
 from digest_cleanup.pipeline.runtime import Runtime
 
 logger = logging.getLogger("digest_cleanup.batch")
@@ -56,9 +64,11 @@ def process(runtime: Runtime, raw: Any, task_id: str) -> BatchReport:
     try:
         payload = BatchPayload.from_message(raw)
     except PoisonMessage as poison:
-        return _poison(runtime, raw, task_id, poison)
+        return poison_batch(runtime, raw, task_id, poison)
     try:
-        kind = check_batch(runtime, payload)
+        kind = check_delivery(runtime, payload)
+    except AlreadyRecorded:
+        return _duplicate(runtime, payload)
     except RefusedBatch as refused:
         return _refuse(runtime, payload, refused, task_id, started)
 
@@ -69,20 +79,16 @@ def process(runtime: Runtime, raw: Any, task_id: str) -> BatchReport:
     drawn = budget.draw(len(payload.keys), wait_cap) if budget is not None else None
     if drawn is not None and not drawn.granted:
         return _defer(runtime, payload, task_id, drawn.waited)
+    try:
+        # Read again after the wait: an abort stops every batch that has not yet sent.
+        ensure_running(store.run_status(payload.run_id), payload)
+    except RefusedBatch as refused:
+        return _refuse(runtime, payload, refused, task_id, started)
     deliveries = store.count_delivery(payload.run_id, payload.claim)
     if deliveries > 1 and store.is_recorded(payload.run_id, payload.claim):
         # The recorded attempt already deleted and sent its follow-ups; sending them
         # again would start a second retry chain, or dead-letter keys that are gone.
-        report = BatchReport(
-            status="duplicate",
-            batch_id=payload.batch_id,
-            run_id=payload.run_id,
-            target=payload.target,
-            recorded="duplicate",
-        )
-        log_event(logger, "batch", settings, **report.as_dict(), seq=payload.seq,
-                  attempt=payload.attempt, generation=payload.generation)  # fmt: skip
-        return report
+        return _duplicate(runtime, payload)
     if deliveries > settings.max_deliveries:
         lost = f"{deliveries - 1} deliveries died"
         return _dead_whole(runtime, payload, task_id, started, "worker_lost", lost, "")
@@ -103,6 +109,20 @@ def process(runtime: Runtime, raw: Any, task_id: str) -> BatchReport:
         delete_seconds=delete_seconds,
         budget_wait=drawn.waited if drawn else 0.0,
     )
+
+
+def _duplicate(runtime: Runtime, payload: BatchPayload) -> BatchReport:
+    """Report a delivery of an attempt already recorded; it deletes and counts nothing."""
+    report = BatchReport(
+        status="duplicate",
+        batch_id=payload.batch_id,
+        run_id=payload.run_id,
+        target=payload.target,
+        recorded="duplicate",
+    )
+    log_event(logger, "batch", runtime.settings, **report.as_dict(), seq=payload.seq,
+              attempt=payload.attempt, generation=payload.generation)  # fmt: skip
+    return report
 
 
 def _defer(runtime: Runtime, payload: BatchPayload, task_id: str, wait: float) -> BatchReport:
@@ -137,7 +157,7 @@ def give_up(
     try:
         payload = BatchPayload.from_message(raw)
     except PoisonMessage as poison:
-        return _poison(runtime, raw, "", poison)
+        return poison_batch(runtime, raw, "", poison)
     message = (
         f"{deliveries} deliveries failed, the last with {type(error).__name__}: {error}; "
         "nothing more was deleted. Fix the cause, then redrive"
@@ -155,15 +175,19 @@ def _refuse(
 ) -> BatchReport:
     """Dead-letter a refused batch whole; count it only in the run incarnation it belongs to.
 
-    A batch of an unknown run, or of an earlier incarnation, counts nothing: the
-    current run's counters are its own.
+    A batch of an unknown run, of an earlier incarnation, of an ended run, or one
+    its run never published as it stands (:data:`UNACCOUNTED`), counts nothing:
+    the current run's counters are its own, and a forged message cannot end a
+    real batch.
     """
     run = runtime.store.find(payload.run_id)
     current = (
-        run is not None
+        refused.code not in UNACCOUNTED
+        and run is not None
         and run.fields.get("target") == payload.target
         and run.fields.get("token", "") == payload.run_token
         and runtime.store.is_in_flight(payload.run_id, payload.batch_id)
+        and runtime.store.is_published(payload)
     )
     code, message = refused.code, refused.message
     if current:
@@ -301,47 +325,3 @@ def _batch_record(
         keys=len(payload.keys),
         skipped_keys=[(r.key, r.code, r.message) for r in decided.skipped_keys],
     )
-
-
-def _poison(runtime: Runtime, raw: Any, task_id: str, poison: PoisonMessage) -> BatchReport:
-    """Dead-letter a message that can never succeed; account it if it is a real batch of a run."""
-    letter = make_poison_entry(task_id, raw, poison.code, poison.message)
-    runtime.dispatcher.send_dead_letter(letter)
-    entry_id, kwargs = letter.entry_id, letter.body
-    report = BatchReport(
-        status="poison",
-        run_id=kwargs["run_id"],
-        target=kwargs["target"],
-        batch_id=kwargs["dead_letter"]["batch_id"],
-        entry_id=entry_id,
-        reason=poison.code,
-        dead_lettered=kwargs["dead_letter"]["item_count"],
-    )
-    # A genuine batch that got corrupted must still end, or its run would wait for
-    # it forever; one of another incarnation, or a forged one, counts nothing.
-    raw_map: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-    run = runtime.store.find(report.run_id) if report.run_id else None
-    if (
-        run is not None
-        and report.batch_id
-        and run.fields.get("token", "") == raw_map.get("run_token")
-        and runtime.store.is_in_flight(report.run_id, report.batch_id)
-    ):
-        report.recorded = runtime.store.record(
-            report.run_id,
-            report.target,
-            BatchRecord(
-                batch_id=report.batch_id,
-                claim=f"{report.batch_id}/poison/g{raw_map.get('generation', 0)}"
-                f"a{raw_map.get('attempt', 0)}",
-                dead_lettered=report.dead_lettered,
-                codes={poison.code: report.dead_lettered},
-                first_generation=raw_map.get("generation", 0) == 0,
-            ),
-        )
-        if report.recorded == "finished":
-            from digest_cleanup.pipeline.lifecycle import finish_run
-
-            finish_run(runtime, report.run_id)
-    log_event(logger, "batch", runtime.settings, level=logging.WARNING, **report.as_dict())
-    return report

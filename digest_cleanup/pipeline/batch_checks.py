@@ -3,14 +3,69 @@
 The worker runs these checks on every delivery, and a redrive runs the same
 ones before it moves an entry back (see :mod:`digest_cleanup.pipeline.redrive`),
 so a redrive is refused for exactly what a delivery would be refused for.
+
+The message carries no authority of its own.  What a batch may delete is what
+the run store says its sweep published: the batch id must be one the run put
+in flight, and every key with its condition must be one of that batch's
+published digest (:func:`~digest_cleanup.pipeline.batches.entry_digests`).  A
+message that fails that is refused whole, dead-lettered with its own reason,
+and counted in no run (:data:`UNACCOUNTED`): it is not the run's to count.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from digest_cleanup.errors import CutoffError, RefusedBatch, TargetsFileError
 from digest_cleanup.kinds import TargetKind
-from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.pipeline.batches import BatchPayload, unpublished_keys
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.pipeline.trusted_clock import trusted_now
+
+#: Refusals of a message the run never published as it stands: dead-lettered, and
+#: counted in no run, so a forged message cannot end a real batch or move a counter.
+UNACCOUNTED = frozenset({"unknown_batch", "batch_mismatch", "batch_not_in_flight", "run_ended"})
+
+
+class AlreadyRecorded(Exception):
+    """Control flow, not an error: a duplicate delivery of an attempt already recorded."""
+
+
+def check_delivery(runtime: Runtime, payload: BatchPayload) -> TargetKind:
+    """:func:`check_batch`, and the batch is in flight: what a worker checks on delivery.
+
+    A batch that is no longer in flight is either a duplicate of an attempt already
+    recorded (:class:`AlreadyRecorded`) or one its run never published or already
+    ended (refused, ``batch_not_in_flight``).
+    """
+    kind = check_batch(runtime, payload)
+    store = runtime.store
+    if not store.is_in_flight(payload.run_id, payload.batch_id):
+        if store.is_recorded(payload.run_id, payload.claim):
+            raise AlreadyRecorded(payload.claim)
+        raise RefusedBatch(
+            "batch_not_in_flight",
+            f"batch {payload.batch_id} of run {payload.run_id} is not in flight (it ended, "
+            "or was never published); nothing was deleted",
+        )
+    return kind
+
+
+def ensure_running(run: Mapping[str, str], payload: BatchPayload) -> None:
+    """Refuse a batch of a run that has ended: aborted, failed or finished.
+
+    A redrive of a failed (not aborted) run's dead letters may still delete: the
+    operator asked for exactly those keys.  An aborted run deletes nothing more.
+    """
+    status, reason = run.get("status", ""), run.get("reason", "")
+    if status == "running" or (payload.generation > 0 and reason != "aborted"):
+        return
+    why = "was aborted" if reason == "aborted" else f"ended {status or 'unknown'}"
+    raise RefusedBatch(
+        "run_ended",
+        f"run {payload.run_id} {why}; nothing was deleted. The target's next run lists "
+        "these keys afresh; purge this entry once it has",
+    )
 
 
 def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
@@ -37,7 +92,8 @@ def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
             "target_changed",
             f"the batch was listed under another configuration of target {target.name} "
             f"(scope {payload.scope or 'unknown'}, now {kind.scope_digest}: bucket, prefix "
-            "or versions changed); nothing was deleted. Put the configuration back "
+            "versions or conditional_deletes changed); nothing was deleted. Put the "
+            "configuration back "
             "and redrive, or purge this entry: the target's next run lists it afresh",
         )
     # Scope first: a key outside the target is refused whatever else the message claims.
@@ -48,9 +104,21 @@ def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
                 "out_of_scope", f"a key is {reason}; nothing in the batch was deleted"
             )
     try:
-        target.check_cutoff(payload.cutoff_datetime())
+        now = trusted_now(runtime.store, kind, target=target.name)
+        target.check_cutoff(payload.cutoff_datetime(), now=now)
     except CutoffError as exc:
         raise RefusedBatch("inside_retention", f"{exc}; nothing in the batch was deleted") from None
+    _check_run(runtime, payload)
+    _check_published(runtime, payload)
+    for condition in payload.conditions or [""] * len(payload.keys):
+        problem = kind.condition_problem(condition)
+        if problem is not None:
+            raise RefusedBatch("bad_condition", f"{problem}; nothing in the batch was deleted")
+    return kind
+
+
+def _check_run(runtime: Runtime, payload: BatchPayload) -> None:
+    """Refuse a batch of an unknown run, another incarnation, another cutoff, or an ended run."""
     run = runtime.store.find(payload.run_id)
     if run is None or run.fields.get("target") != payload.target:
         raise RefusedBatch(
@@ -70,4 +138,22 @@ def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
             "cutoff_mismatch",
             f"message cutoff {payload.cutoff} differs from the run's {run.fields.get('cutoff')}",
         )
-    return kind
+    ensure_running(run.fields, payload)
+
+
+def _check_published(runtime: Runtime, payload: BatchPayload) -> None:
+    """Refuse a batch id its run never published, or keys and conditions it did not hold."""
+    published = runtime.store.published_digest(payload.run_id, payload.batch_id)
+    if published is None:
+        raise RefusedBatch(
+            "unknown_batch",
+            f"run {payload.run_id} never published a batch {payload.batch_id!r} (forged, or "
+            "from before a Redis restart); nothing was deleted",
+        )
+    strays = unpublished_keys(published, payload)
+    if strays:
+        raise RefusedBatch(
+            "batch_mismatch",
+            f"{len(strays)} of the batch's keys, with their conditions, are not what its "
+            f"sweep published for {payload.batch_id} (forged or altered); nothing was deleted",
+        )

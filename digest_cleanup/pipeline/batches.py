@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import os
 import random
 from collections.abc import Mapping, Sequence
@@ -36,6 +38,9 @@ from digest_cleanup.kinds import KeyResult, Outcome
 MAX_MESSAGE_KEYS = 1000
 #: The longest key accepted in a message (S3 keys are at most 1024 bytes).
 MAX_KEY_LENGTH = 1024
+#: Bytes of SHA-256 kept per key in a published batch's digest (see :func:`entry_digests`):
+#: 128 bits, so no forger finds a second key and condition that match one of a batch's.
+ENTRY_DIGEST_BYTES = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +212,39 @@ def backoff(attempt: int, settings: Settings, retry_after: float | None = None) 
     if retry_after is not None:
         delay = max(delay, retry_after)
     return min(delay, settings.effective_retry_cap)
+
+
+def entry_digest(run_token: str, key: str, condition: str) -> bytes:
+    """The digest of one key and its delete condition, as published in its run.
+
+    Bound to the run incarnation's token, so a digest of one incarnation never
+    vouches for a message of another.
+    """
+    data = json.dumps([run_token, key, condition], ensure_ascii=False).encode()
+    return hashlib.sha256(data).digest()[:ENTRY_DIGEST_BYTES]
+
+
+def entry_digests(run_token: str, keys: Sequence[str], conditions: Sequence[str]) -> bytes:
+    """What the run store keeps of a published batch: the digest of each key and condition.
+
+    A worker deletes a message's keys only when each of them, with its condition, is
+    one of these (see :func:`~digest_cleanup.pipeline.batch_checks.check_batch`); a
+    retry or a redrive carries a subset of its batch, so membership is what counts.
+    """
+    conds = conditions or [""] * len(keys)
+    return b"".join(entry_digest(run_token, k, c) for k, c in zip(keys, conds, strict=True))
+
+
+def unpublished_keys(published: bytes, payload: BatchPayload) -> list[str]:
+    """The keys of ``payload`` that its batch, as published, did not hold with that condition."""
+    size = ENTRY_DIGEST_BYTES
+    known = {published[i : i + size] for i in range(0, len(published), size)}
+    conds = payload.conditions or [""] * len(payload.keys)
+    return [
+        key
+        for key, cond in zip(payload.keys, conds, strict=True)
+        if entry_digest(payload.run_token, key, cond) not in known
+    ]
 
 
 def batch_id(run_id: str, seq: int) -> str:

@@ -24,6 +24,7 @@ RUN_KEY_SUFFIXES = (
     "skipped_keys",
     "sweep_lease",
     "progress",
+    "published",
 )
 
 

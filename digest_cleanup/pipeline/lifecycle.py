@@ -1,7 +1,9 @@
 """A run's start and its end: opening it and sending its sweep; the report when it ends.
 
 A run starts with :func:`start` (from beat's trigger or the CLI), which opens it
-in the run store and sends its first sweep slice.  It ends with
+in the run store and sends its first sweep slice.  A target's first run, and its
+first after its scope changes, proves first that the store honours delete
+conditions (the probe of ``digest-cleanup check``), and is refused otherwise.  It ends with
 :func:`finish_run`: the audit report, the target's last success, the log line.
 
 The report (a summary, plus one line for every key that was not deleted and
@@ -19,13 +21,17 @@ from typing import Any, Literal
 
 from digest_cleanup.clock import epoch_of, now_iso
 from digest_cleanup.config.targets import Target
-from digest_cleanup.kinds import TargetKind
+from digest_cleanup.kinds import Finding, TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.pipeline import audit
 from digest_cleanup.pipeline.run_record import FINAL_STATUSES
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.pipeline.trusted_clock import trusted_now
 
 logger = logging.getLogger("digest_cleanup.run")
+
+#: The reason of a run refused because the conditions probe could not finish.
+UNPROVEN = "conditions_unproven"
 
 #: A sweep that has not checkpointed for the visibility timeout plus this long is stalled.
 STALL_MARGIN_SECONDS = 30.0
@@ -38,10 +44,15 @@ def run_id_for(target: str, cutoff: datetime, *, dry_run: bool = False) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Started:
-    """What a trigger did: created, attached, resumed (a stalled sweep) or restarted."""
+    """What a trigger did: created, attached, resumed (a stalled sweep), restarted or refused.
+
+    ``refused`` is a run that ended ``failed`` before its sweep was sent: the store
+    did not prove that it honours delete conditions (the run's ``reason`` and
+    ``message`` say what it found and what to set).
+    """
 
     run_id: str
-    action: Literal["created", "attached", "resumed", "restarted"]
+    action: Literal["created", "attached", "resumed", "restarted", "refused"]
     status: str
 
 
@@ -62,11 +73,16 @@ def start(
     the checkpoint.  A ``failed`` run starts over, since nothing it refused was deleted,
     and so does a finished run whose target's scope has changed since.
 
+    Before a sweep is sent for a scope the target has not proved (see
+    :func:`_unproven`), the store is probed; a run it does not pass is ``refused``.
+
     Raises :class:`CutoffError` for a cutoff inside the target's retention window,
     whoever asks for it (the CLI, beat, or a trigger sent through Flower's API).
     """
-    target.check_cutoff(cutoff)
     store = runtime.store
+    # By the earliest of this host's, Redis's clock (see pipeline.trusted_clock): a fast
+    # clock here must not let a cutoff inside retention through.
+    target.check_cutoff(cutoff, now=trusted_now(store, target=target.name))
     run_id = run_id_for(target.name, cutoff, dry_run=dry_run)
     kind = target.make_kind(runtime.settings)
     fields = _run_fields(target, kind, cutoff, dry_run=dry_run, force=force, trigger=trigger)
@@ -82,6 +98,9 @@ def start(
     else:
         action = "created" if status == "created" else "attached"
     if action in ("created", "restarted"):
+        refusal = None if dry_run else _unproven(runtime, target, kind)
+        if refusal is not None:
+            return _refuse(runtime, run_id, refusal)
         log_event(logger, "run", runtime.settings, run_id=run_id, status="running",
                   trigger=trigger, action=action, cutoff=cutoff.isoformat(),
                   dry_run=dry_run)  # fmt: skip
@@ -95,9 +114,55 @@ def start(
         and run.fields.get("sweep_done") != "1"
         and _stalled(runtime, run.fields)
     ):
+        # A start that died while probing left its run open: prove the scope here too.
+        refusal = None if dry_run else _unproven(runtime, target, kind)
+        if refusal is not None:
+            return _refuse(runtime, run_id, refusal)
         runtime.dispatcher.send_sweep(run_id)
         return Started(run_id, "resumed", run.status)
     return Started(run_id, "attached", run.status)
+
+
+def _unproven(runtime: Runtime, target: Target, kind: TargetKind) -> tuple[str, str] | None:
+    """Probe the store unless the target's scope passed before: a refusal, or ``None``.
+
+    The scope digest that passed is recorded per target in Redis, so the probe runs
+    once per scope: on the target's first run, and again when its bucket, prefix,
+    ``versions`` or ``conditional_deletes`` change.  An emptied Redis probes again.
+    Nothing of the target is deleted before this returns ``None``.
+    """
+    store = runtime.store
+    if store.probed_scope(target.name) == kind.scope_digest:
+        return None
+    try:
+        findings = kind.probe_conditions()
+    except Exception as exc:  # a probe that cannot run proves nothing
+        findings = [Finding("conditional deletes", "problem", f"{type(exc).__name__}: {exc}",
+                            UNPROVEN)]  # fmt: skip
+    finally:
+        kind.close()
+    problems = [f for f in findings if f.status == "problem"]
+    if not problems:
+        store.mark_probed(target.name, kind.scope_digest)
+        return None
+    details = "; ".join(f"{f.check}: {f.detail}" for f in problems)
+    return (
+        problems[0].code or UNPROVEN,
+        f"refused before listing, nothing deleted: targets.{target.name} sends each key's "
+        f"listed ETag with its delete, and the store did not prove it honours them "
+        f"({details}). Run 'digest-cleanup check {target.name}' after fixing it; the next "
+        "run probes again",
+    )
+
+
+def _refuse(runtime: Runtime, run_id: str, refusal: tuple[str, str]) -> Started:
+    """End a run that was opened but never swept as ``failed``, with its report."""
+    reason, message = refusal
+    runtime.store.fail(run_id, reason, message)
+    log_event(logger, "run", runtime.settings, level=logging.WARNING, run_id=run_id,
+              status="failed", action="refused", reason=reason)  # fmt: skip
+    finish_run(runtime, run_id)
+    return Started(run_id, "refused", "failed")
 
 
 def _run_fields(
@@ -149,6 +214,11 @@ def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:
     }
     not_deleted = list(_not_deleted(runtime, run_id))
     summary["not_deleted_count"] = len(not_deleted)
+    # A redriven or restarted run's state still names its earlier report; the new one
+    # goes to a folder of its own and links back, so the reports form a chain.
+    previous = summary.pop("report_url", "")
+    if previous and not previous.endswith(audit.report_folder(target, run_id, summary)):
+        summary["previous_report_url"] = previous
     try:
         url = audit.write_report(runtime.settings, target, run_id, summary, not_deleted)
     except Exception as exc:  # the run's outcome stands; only its report waits

@@ -7,7 +7,8 @@ store, with the same rules a worker applies to every batch:
 * the entry decoded as a batch (a poison entry cannot be redriven);
 * its target still exists, with the scope the entry was listed under;
 * its cutoff lies outside the target's retention window;
-* its run is still in the run store, in the incarnation that listed it.
+* its run is still in the run store, in the incarnation that listed it, was not
+  aborted, and published exactly these keys and conditions for the batch.
 
 An entry that fails a check is not moved: it stays where it is, with all its
 keys, and the reason is reported, so nothing is turned into a lesser entry or

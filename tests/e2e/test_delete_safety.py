@@ -132,7 +132,7 @@ def test_a_dead_letter_redriven_after_its_keys_were_rewritten_keeps_them(
     assert (after["deleted"], after["skipped"], after["dead_lettered"]) == (95, 5, 0)
 
 
-def test_a_batch_delivered_again_after_its_run_completed_deletes_nothing_rewritten(
+def test_a_batch_delivered_again_after_its_run_completed_deletes_nothing(
     make_stack, s3, bucket, redis_client
 ):
     # Given a completed run, and a copy of one of its batch messages as first queued
@@ -155,19 +155,17 @@ def test_a_batch_delivered_again_after_its_run_completed_deletes_nothing_rewritt
         kwargs=dataclasses.replace(replay, attempt=7).to_message(),
         queue="batches",
     )
-    wait_for(
-        lambda: redis_client.hget(f"dc:run:{run_id}:deliveries", f"{replay.batch_id}/g0/a7"),
+    entry = wait_for(
+        lambda: next((e for e in _entries(stack) if e["run_id"] == run_id), None),
         30,
-        "the replay to be delivered",
-    )
-    kept = f"dc:run:{run_id}:skipped_keys"
-    wait_for(
-        lambda: (line := redis_client.lindex(kept, -1)) and b"changed_since_listing" in line,
-        30,
-        "the replay to be recorded",
+        "the replay to be refused",
     )
 
-    # Then every key it named is still there, with its new content
+    # Then it is refused before any delete (its run has ended), counted nowhere, and
+    # every key it named is still there, with its new content
+    assert entry["reason"] == "run_ended", entry
+    assert _status(stack, run_id)["deleted"] == 500
+    assert _status(stack, run_id)["dead_lettered"] == 0
     assert list_keys(s3, bucket) == set(KEYS[:500])
     assert {_body(s3, bucket, key) for key in KEYS[:3]} == {REWRITTEN}
 

@@ -118,9 +118,9 @@ def test_a_second_listing_refills_the_stage_a_window_at_a_time(runtime, scans, m
     most_staged = 0
     real_stage = runtime.store.stage
 
-    def watching(rid: str, batches: list[list[str]]) -> int:
+    def watching(rid: str, batches: list[list[str]], *, lease: str) -> int:
         nonlocal most_staged
-        length = real_stage(rid, batches)
+        length = real_stage(rid, batches, lease=lease)
         most_staged = max(most_staged, length)
         return length
 
@@ -226,10 +226,10 @@ def _sweep_dying_at_stage_call(
     real_stage = runtime.store.stage
     calls = 0
 
-    def dying_stage(rid: str, batches: list[list[str]]) -> int:
+    def dying_stage(rid: str, batches: list[list[str]], *, lease: str) -> int:
         nonlocal calls
         calls += 1
-        length = real_stage(rid, batches)
+        length = real_stage(rid, batches, lease=lease)
         if calls == die_at:
             raise Crash
         return length

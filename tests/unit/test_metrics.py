@@ -86,7 +86,7 @@ def checkpoint(runtime: Runtime, seqs: list[int], *, done: bool, expired: int) -
     cp = {"listed": expired, "expired": expired, "seq": max(seqs), "done": done}
     lease = runtime.store.take_lease(RUN, 60) or _held_lease(runtime)
     saved = runtime.store.save_checkpoint(
-        RUN, cp, [f"{RUN}-b{s:05d}" for s in seqs], lease=lease, lease_seconds=60
+        RUN, cp, {f"{RUN}-b{s:05d}": b"" for s in seqs}, lease=lease, lease_seconds=60
     )
     assert saved in ("saved", "finished")
 

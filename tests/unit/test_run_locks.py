@@ -7,9 +7,11 @@ lease key itself, so the key names, the stored values and the expiry must stay.
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from digest_cleanup.pipeline.runs import RunStore
+from digest_cleanup.pipeline.sweep_state import StageFenced
 
 RUN = "statements-20261129T0300Z"
 
@@ -81,10 +83,10 @@ def test_the_checkpoint_script_accepts_the_lease_fence_and_fences_any_other(
 
     # Then its checkpoint is saved, renewing the lease, and another fence's is refused
     redis_client.pexpire(f"dc:run:{RUN}:sweep_lease", 5_000)
-    assert store.save_checkpoint(RUN, checkpoint, [], lease=fence, lease_seconds=60) == "saved"
+    assert store.save_checkpoint(RUN, checkpoint, {}, lease=fence, lease_seconds=60) == "saved"
     assert redis_client.pttl(f"dc:run:{RUN}:sweep_lease") > 59_000
     assert (
-        store.save_checkpoint(RUN, checkpoint, [], lease="another-fence", lease_seconds=60)
+        store.save_checkpoint(RUN, checkpoint, {}, lease="another-fence", lease_seconds=60)
         == "fenced"
     )
 
@@ -119,3 +121,46 @@ def test_only_the_holder_frees_a_slot(redis_client: redis.Redis) -> None:
     assert store.lock_slot("statements", "20261129T0300Z", "task-2", 3600)
     store.unlock_slot("statements", "20261129T0300Z", "task-1")  # no longer its: a no-op
     assert redis_client.get("dc:slot:statements:20261129T0300Z") == b"task-2"
+
+
+def test_a_slice_that_lost_the_lease_stages_and_trims_nothing(redis_client: redis.Redis) -> None:
+    # Given a slice whose lease expired, and the slice that took over and trimmed the stage
+    store = RunStore(redis_client)
+    _open(store)
+    old = store.take_lease(RUN, 30)
+    assert old is not None
+    assert store.stage(RUN, [[["statements/a.pdf", '"e1"']]], lease=old) == 1
+    redis_client.delete(f"dc:run:{RUN}:sweep_lease")  # the lease ran out
+    new = store.take_lease(RUN, 30)
+    assert new is not None
+    store.keep_staged(RUN, 0, lease=new)
+
+    # When the old slice, still running, appends a batch and trims the stage
+    with pytest.raises(StageFenced):
+        store.stage(RUN, [[["statements/b.pdf", '"e2"']]], lease=old)
+    assert store.stage(RUN, [[["statements/c.pdf", '"e3"']]], lease=new) == 1
+    with pytest.raises(StageFenced):
+        store.keep_staged(RUN, 0, lease=old)
+
+    # Then the stage holds only what the lease's holder staged
+    assert store.staged(RUN, 0, 10) == [[["statements/c.pdf", '"e3"']]]
+
+
+def test_a_checkpoint_keeps_each_batch_s_first_published_digest(redis_client: redis.Redis) -> None:
+    # Given a run whose sweep put a batch in flight with its digest
+    store = RunStore(redis_client)
+    _open(store)
+    fence = store.take_lease(RUN, 30)
+    assert fence is not None
+    checkpoint = {"listed": 1, "expired": 1, "seq": 1, "done": False}
+    batch = f"{RUN}-b00001"
+    store.save_checkpoint(RUN, checkpoint, {batch: b"first"}, lease=fence, lease_seconds=60)
+
+    # When a resumed slice sends the same chunk again, and a fenced one tries another digest
+    store.save_checkpoint(RUN, checkpoint, {batch: b"again"}, lease=fence, lease_seconds=60)
+    store.save_checkpoint(RUN, checkpoint, {batch: b"forged"}, lease="other", lease_seconds=60)
+
+    # Then the batch is counted in flight once and keeps the digest it was published with
+    assert store.published_digest(RUN, batch) == b"first"
+    assert store.published_digest(RUN, f"{RUN}-b00002") is None
+    assert store.get(RUN).count("inflight") == 1

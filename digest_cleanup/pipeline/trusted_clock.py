@@ -1,0 +1,107 @@
+"""One trusted "now" for the retention check: the earliest of the clocks a worker can read.
+
+A worker (or beat) whose clock runs fast would compute a cutoff inside the
+retention window, and check it against that same fast clock.  So every
+retention check takes the earliest of:
+
+* this process's clock;
+* Redis's ``TIME`` (one clock every host of a deployment shares);
+* the store's own clock, where the kind has one (S3's ``Date`` header).
+
+The earliest is the safe side: an earlier "now" gives an earlier latest cutoff,
+so a fast clock can only make a check stricter, never looser.  A spread of more
+than :data:`SKEW_WARN_SECONDS` between them is logged, counted per target in
+Redis (``digest_cleanup_clock_skew_seconds`` in the metrics) and shown by
+``check``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import UTC, datetime
+
+import redis
+
+from digest_cleanup.clock import utcnow
+from digest_cleanup.kinds import TargetKind
+from digest_cleanup.pipeline.keyspace import Keyspace
+
+logger = logging.getLogger("digest_cleanup.clock")
+
+#: A spread between the clocks past this many seconds is logged and counted.
+SKEW_WARN_SECONDS = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """What each clock said, and the one the retention check uses."""
+
+    local: datetime
+    redis: datetime | None
+    store: datetime | None
+
+    @property
+    def now(self) -> datetime:
+        """The earliest clock, to the second (cutoffs are never finer)."""
+        clocks = [c for c in (self.local, self.redis, self.store) if c is not None]
+        return min(clocks).replace(microsecond=0)
+
+    @property
+    def skew(self) -> float:
+        """Seconds between the latest and the earliest clock."""
+        clocks = [c for c in (self.local, self.redis, self.store) if c is not None]
+        return (max(clocks) - min(clocks)).total_seconds()
+
+    def as_dict(self) -> dict[str, str | float | None]:
+        return {
+            "local": self.local.isoformat(),
+            "redis": self.redis.isoformat() if self.redis else None,
+            "store": self.store.isoformat() if self.store else None,
+            "now": self.now.isoformat(),
+            "skew_seconds": round(self.skew, 1),
+        }
+
+
+def redis_time(client: redis.Redis) -> datetime:
+    """Redis's clock (``TIME``), in UTC."""
+    seconds, micros = client.time()
+    return datetime.fromtimestamp(seconds + micros / 1e6, UTC)
+
+
+def read(client: redis.Redis, kind: TargetKind | None = None) -> Reading:
+    """Read the clocks; one that cannot be read is left out, never guessed."""
+    local = utcnow()
+    try:
+        shared: datetime | None = redis_time(client)
+    except redis.RedisError:
+        shared = None
+    return Reading(local, shared, kind.server_time() if kind is not None else None)
+
+
+#: The hash (under the store's prefix) of the last wide skew seen per target, in seconds.
+SKEW_KEY = "clock_skew"
+
+
+def trusted_now(store: Keyspace, kind: TargetKind | None = None, *, target: str = "") -> datetime:
+    """The earliest of the clocks (see the module docstring); a wide spread is counted."""
+    reading = read(store.redis, kind)
+    if reading.skew > SKEW_WARN_SECONDS:
+        logger.warning(
+            "clock skew of %.0f s between this host, Redis and the store (%s); the retention "
+            "check uses the earliest. Fix the fast clock (NTP)",
+            reading.skew,
+            reading.as_dict(),
+        )
+        if target:
+            try:
+                store.redis.hset(store.key(SKEW_KEY), target, round(reading.skew, 1))
+            except redis.RedisError:
+                logger.debug("could not record the clock skew of target %s", target)
+    return reading.now
+
+
+def recorded_skews(store: Keyspace) -> dict[str, float]:
+    """The last wide skew seen per target (empty while every clock agrees)."""
+    raw = store.redis.hgetall(store.key(SKEW_KEY))
+    return {(k.decode() if isinstance(k, bytes) else str(k)): float(v) for k, v in raw.items()}
