@@ -218,6 +218,7 @@ def _add_target(fams: _Families, state: TargetState, now: float) -> None:
     """Add one target's series; the families exist (empty) even with no run yet."""
     _add_run_state(fams, state, now)
     _add_run_counts(fams, state)
+    _add_failures(fams, state)
     _add_history(fams, state)
     _add_budget(fams, state.target, state.budget)
 
@@ -319,12 +320,6 @@ def _add_run_counts(fams: _Families, state: TargetState) -> None:
         "the retried keys",
         ["target", "code"],
     )
-    failures = fams.counter(
-        "digest_cleanup_key_failures",
-        "Failing keys of the latest run by error code, once per attempt, retried or "
-        "dead-lettered: the report's failures_by_code",
-        ["target", "code"],
-    )
     info = fams.gauge(
         "digest_cleanup_run_info", "The id of the target's latest run", ["target", "run_id"]
     )
@@ -344,12 +339,22 @@ def _add_run_counts(fams: _Families, state: TargetState) -> None:
         redriven.add_metric(t, run.count("redriven"))
         for code, n in sorted(state.retried_codes.items()):
             retries.add_metric([*t, code], n)
-        for code, n in sorted(state.failure_codes.items()):
-            failures.add_metric([*t, code], n)
         info.add_metric([*t, run.run_id], 1)
         created = epoch_of(run.fields.get("created_at"))
         if created is not None:
             started.add_metric(t, created)
+
+
+def _add_failures(fams: _Families, state: TargetState) -> None:
+    """The latest run's failing keys by code, which the endpoint and dead-letter alerts read."""
+    failures = fams.counter(
+        "digest_cleanup_key_failures",
+        "Failing keys of the latest run by error code, once per attempt, retried or "
+        "dead-lettered: the report's failures_by_code",
+        ["target", "code"],
+    )
+    for code, n in sorted(state.failure_codes.items()):
+        failures.add_metric([state.target, code], n)
 
 
 def _add_history(fams: _Families, state: TargetState) -> None:

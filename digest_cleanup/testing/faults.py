@@ -13,6 +13,8 @@ is forwarded as it came, and its response comes back as it came::
         assert not proxy.duplicate_deletes()
 
 Every fault switch and counter is safe to use from any thread while requests flow.
+It is long because every fault rule lives here, beside the switch that turns it on,
+so one module answers "what can the proxy do to a request?".
 """
 
 from __future__ import annotations
