@@ -177,14 +177,14 @@ def section(results: dict[int, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def update(path: Path, text: str) -> None:
-    """Put ``text`` in ``path`` in place of an earlier section, or at the end."""
+def update(path: Path, text: str, heading: str = HEADING) -> None:
+    """Put ``text`` in ``path`` in place of an earlier ``heading`` section, or at the end."""
     old = path.read_text(encoding="utf-8") if path.exists() else ""
-    start = old.find(HEADING)
+    start = old.find(heading)
     if start < 0:
         new = old.rstrip("\n") + "\n\n" + text
     else:
-        end = old.find("\n## ", start + len(HEADING))
+        end = old.find("\n## ", start + len(heading))
         new = old[:start] + text + (old[end + 1 :] if end >= 0 else "")
     path.write_text(new, encoding="utf-8")
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from benchmarks import aws_table, dead_letters, report, scaling
+from benchmarks import aws_table, batch_checks, dead_letters, report, scaling
 from benchmarks.alternatives import (
     Measured,
     aws_rm,
@@ -261,6 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_dead_letters:
         say("dead-letter queue at depth")
         dead_letters.update(args.output, dead_letters.section(dead_letters.measure()))
+    if not args.no_local:
+        say("the delete-time checks per batch")
+        text = batch_checks.section(batch_checks.measure())
+        dead_letters.update(args.output, text, batch_checks.HEADING)
     print(f"\nwrote {args.output}")
     return 0
 

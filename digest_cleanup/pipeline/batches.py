@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import json
 import os
 import random
 from collections.abc import Mapping, Sequence
@@ -214,16 +213,6 @@ def backoff(attempt: int, settings: Settings, retry_after: float | None = None) 
     return min(delay, settings.effective_retry_cap)
 
 
-def entry_digest(run_token: str, key: str, condition: str) -> bytes:
-    """The digest of one key and its delete condition, as published in its run.
-
-    Bound to the run incarnation's token, so a digest of one incarnation never
-    vouches for a message of another.
-    """
-    data = json.dumps([run_token, key, condition], ensure_ascii=False).encode()
-    return hashlib.sha256(data).digest()[:ENTRY_DIGEST_BYTES]
-
-
 def entry_digests(run_token: str, keys: Sequence[str], conditions: Sequence[str]) -> bytes:
     """What the run store keeps of a published batch: the digest of each key and condition.
 
@@ -231,20 +220,30 @@ def entry_digests(run_token: str, keys: Sequence[str], conditions: Sequence[str]
     one of these (see :func:`~digest_cleanup.pipeline.batch_checks.check_batch`); a
     retry or a redrive carries a subset of its batch, so membership is what counts.
     """
-    conds = conditions or [""] * len(keys)
-    return b"".join(entry_digest(run_token, k, c) for k, c in zip(keys, conds, strict=True))
+    return b"".join(_entry_digests(run_token, keys, conditions))
 
 
 def unpublished_keys(published: bytes, payload: BatchPayload) -> list[str]:
     """The keys of ``payload`` that its batch, as published, did not hold with that condition."""
     size = ENTRY_DIGEST_BYTES
     known = {published[i : i + size] for i in range(0, len(published), size)}
-    conds = payload.conditions or [""] * len(payload.keys)
-    return [
-        key
-        for key, cond in zip(payload.keys, conds, strict=True)
-        if entry_digest(payload.run_token, key, cond) not in known
-    ]
+    digests = _entry_digests(payload.run_token, payload.keys, payload.conditions)
+    return [key for key, digest in zip(payload.keys, digests, strict=True) if digest not in known]
+
+
+def _entry_digests(run_token: str, keys: Sequence[str], conditions: Sequence[str]) -> list[bytes]:
+    """SHA-256 of each key and condition, bound to the run incarnation's token.
+
+    The key's length comes first, so no key and condition run into another pair's;
+    the token makes a digest of one incarnation vouch for no message of another.
+    """
+    seed = hashlib.sha256(run_token.encode() + b"\0")
+    out = []
+    for key, condition in zip(keys, conditions or [""] * len(keys), strict=True):
+        h = seed.copy()
+        h.update(f"{len(key)}:{key}{condition}".encode(errors="surrogatepass"))
+        out.append(h.digest()[:ENTRY_DIGEST_BYTES])
+    return out
 
 
 def batch_id(run_id: str, seq: int) -> str:
