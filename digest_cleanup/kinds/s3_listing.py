@@ -2,7 +2,7 @@
 
 botocore parses a listing twice: its check for S3's "200 with an error body"
 builds an ElementTree of the whole page, then its parser builds another and walks
-it shape by shape in Python, a dozen calls per field.  The hook here builds the
+it shape by shape in Python, field by field.  The hook here builds the
 tree once, with the very parser botocore uses (``ElementTree.XMLParser`` with a
 ``TreeBuilder``, UTF-8), reads each object's three fields straight off it, and
 hands botocore a page with the objects cut out: its check and its parser then see
@@ -11,17 +11,18 @@ only the page's few other elements, wherever they stood.
 Measured with ``python -m benchmarks.listing_parser`` on 1000-key pages (about
 235 kB: keys, ETags, sizes, dates, StorageClass; plain keys, and 10% of keys with
 XML escapes), client CPU per page with ``time.process_time``, the median of 15
-runs of 20 pages, the two alternating, on a shared 2-core machine:
+runs of 20 pages, the two alternating, on a shared 2-core machine, quiet and then
+busy (load average 5):
 
-* parsing alone: botocore 18.6-18.9 ms, this reader 4.9-5.0 ms, 3.8x;
-* the whole ``list_objects_v2`` call: botocore 18.3-20.0 ms, with this reader
-  5.8-6.1 ms, 3.2x-3.3x.
+* parsing alone: botocore 18.6-28.0 ms, this reader 4.9-9.6 ms, 2.9x-3.8x;
+* the whole ``list_objects_v2`` call: botocore 18.3-32.0 ms, with this reader
+  5.8-11.2 ms, 2.8x-3.3x (the last run is in BENCHMARKS.md).
 
 The regular-expression reader this one replaced took 4.6-5.0 ms a page in the
-same comparison, so reading a real XML tree costs about 1 ms a page more.  Both
-parse timestamps with ``datetime.fromisoformat`` (see ``make_client``).
-botocore's own parsing would add about 14 ms of client CPU a page: 1.7 s on a
-run's 120,000 keys, 17 s on 1.2 million, and the guard pass, which must finish
+quiet comparison, this one 5.8-6.0 ms: reading a real XML tree costs about 1 ms a
+page.  Both parse timestamps with ``datetime.fromisoformat`` (see ``make_client``).
+botocore's own parsing would add 13-21 ms of client CPU a page: 1.5-2.5 s on a
+run's 120,000 keys, 15-25 s on 1.2 million, and the guard pass, which must finish
 before the first delete, is CPU-bound in the client.  Once botocore is less than
 about twice as slow, drop the hook and let the client parse.
 
