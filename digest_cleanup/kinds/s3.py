@@ -45,7 +45,7 @@ from digest_cleanup.kinds import s3_shards
 from digest_cleanup.kinds.base import Finding, KeyResult, Page, TargetKind, parse_dataclass
 from digest_cleanup.kinds.s3_client import aware, make_client, mapped_errors
 from digest_cleanup.kinds.s3_delete import VERSION_SEPARATOR, Deletion
-from digest_cleanup.kinds.s3_versions import VersionedDeletion
+from digest_cleanup.kinds.s3_versions import VersionedDeletion, scan_versions
 
 #: DeleteObjects takes at most this many keys per request.
 DELETE_OBJECTS_LIMIT = 1000
@@ -252,7 +252,7 @@ class S3Kind(TargetKind):
         # Listing errors reach the sweep as TransientError or PermanentError.
         with mapped_errors():
             if self.all_versions:
-                yield from self._scan_versions(cutoff, start_after)
+                yield from scan_versions(self, cutoff, start_after)
             else:
                 yield from self._scan_current(cutoff, start_after)
 
@@ -271,34 +271,6 @@ class S3Kind(TargetKind):
                 cursor=cursor,
                 conditions=[o.get("ETag", "") for o in old] if conditional else [],
             )
-
-    def _scan_versions(self, cutoff: datetime, start_after: str | None) -> Iterator[Page]:
-        """Group versions by key; a key expires when its newest data version is old."""
-        self.require_versioning()
-        params: dict[str, Any] = {"Bucket": self.options.bucket, "Prefix": self.options.prefix}
-        if start_after:
-            params["KeyMarker"] = start_after
-        paginator = self.client.get_paginator("list_object_versions")
-        key: str | None = None
-        group: list[dict[str, Any]] = []
-        for response in paginator.paginate(**params):
-            entries = [
-                *({**v, "marker": False} for v in response.get("Versions", [])),
-                *({**m, "marker": True} for m in response.get("DeleteMarkers", [])),
-            ]
-            entries.sort(key=lambda e: e["Key"])  # stable: keeps each key's newest-first order
-            expired: list[str] = []
-            done_key: str | None = None
-            for entry in entries:
-                if entry["Key"] != key:
-                    if key is not None:
-                        expired.extend(_expired_versions(key, group, cutoff))
-                        done_key = key
-                    key, group = entry["Key"], []
-                group.append(entry)
-            yield Page(scanned=len(entries), expired=expired, cursor=done_key)
-        if key is not None:
-            yield Page(scanned=0, expired=_expired_versions(key, group, cutoff), cursor=key)
 
     def require_versioning(self) -> None:
         """Raise unless the bucket's versioning is enabled (``versions = "all"`` needs it)."""
@@ -364,17 +336,3 @@ class S3Kind(TargetKind):
     def close(self) -> None:
         with self._lock:
             self._client = None
-
-
-def _expired_versions(key: str, group: list[dict[str, Any]], cutoff: datetime) -> list[str]:
-    """Every version of ``key``, data versions first, unless its newest data version is new.
-
-    A key with only delete markers left expires too.  Markers come last so that a
-    key too large for one batch is split before them (see ``cut_batches``).
-    """
-    data = [e for e in group if not e["marker"]]
-    newest = max((aware(e["LastModified"]) for e in data), default=None)
-    if newest is not None and newest >= cutoff:
-        return []
-    markers = [e for e in group if e["marker"]]
-    return [f"{key}{VERSION_SEPARATOR}{e['VersionId']}" for e in (*data, *markers)]

@@ -1,4 +1,8 @@
-"""Deleting every version of expired keys in an order that never brings one back.
+"""``versions = "all"``: listing expired keys by version, and deleting them in a safe order.
+
+:func:`scan_versions` groups a listing's versions by key; a key expires when its
+newest data version is older than the cutoff, and then every version and delete
+marker of it is expired.
 
 With ``versions = "all"`` a batch holds every version and delete marker the
 listing found of each of its keys (the sweep never splits a key's versions over
@@ -36,16 +40,67 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from digest_cleanup.errors import PermanentError, TransientError
-from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, Outcome
+from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, Outcome, Page
 from digest_cleanup.kinds.s3_client import aware, mapped_errors
 from digest_cleanup.kinds.s3_delete import VERSION_SEPARATOR, Batch, Deletion
 
+if TYPE_CHECKING:
+    from digest_cleanup.kinds.s3 import S3Kind
+
 #: The code of a delete marker kept because a data version of its key stayed.
 MARKER_KEPT = "marker_kept"
+
+
+def scan_versions(kind: S3Kind, cutoff: datetime, start_after: str | None) -> Iterator[Page]:
+    """Group versions by key; a key expires when its newest data version is old.
+
+    A page ends at the last key it completes, so a key's versions are never split
+    over two pages (the sweep's batches rely on it).
+    """
+    kind.require_versioning()
+    params: dict[str, Any] = {"Bucket": kind.options.bucket, "Prefix": kind.options.prefix}
+    if start_after:
+        params["KeyMarker"] = start_after
+    paginator = kind.client.get_paginator("list_object_versions")
+    key: str | None = None
+    group: list[dict[str, Any]] = []
+    for response in paginator.paginate(**params):
+        entries = [
+            *({**v, "marker": False} for v in response.get("Versions", [])),
+            *({**m, "marker": True} for m in response.get("DeleteMarkers", [])),
+        ]
+        entries.sort(key=lambda e: e["Key"])  # stable: keeps each key's newest-first order
+        expired: list[str] = []
+        done_key: str | None = None
+        for entry in entries:
+            if entry["Key"] != key:
+                if key is not None:
+                    expired.extend(_expired_versions(key, group, cutoff))
+                    done_key = key
+                key, group = entry["Key"], []
+            group.append(entry)
+        yield Page(scanned=len(entries), expired=expired, cursor=done_key)
+    if key is not None:
+        yield Page(scanned=0, expired=_expired_versions(key, group, cutoff), cursor=key)
+
+
+def _expired_versions(key: str, group: list[dict[str, Any]], cutoff: datetime) -> list[str]:
+    """Every version of ``key``, data versions first, unless its newest data version is new.
+
+    A key with only delete markers left expires too.  Markers come last so that a
+    key too large for one batch is split before them (see ``cut_batches``).
+    """
+    data = [e for e in group if not e["marker"]]
+    newest = max((aware(e["LastModified"]) for e in data), default=None)
+    if newest is not None and newest >= cutoff:
+        return []
+    markers = [e for e in group if e["marker"]]
+    return [f"{key}{VERSION_SEPARATOR}{e['VersionId']}" for e in (*data, *markers)]
 
 
 @dataclasses.dataclass

@@ -179,7 +179,7 @@ def test_deleted_statements_with_a_held_old_version_stay_deleted(make_stack, s3,
     }
     assert all(held[k] in codes[m][1] for k in held for m in markers[k])
     # and so does the run's audit report
-    report = f"reports/statements/{run['run_id']}/not_deleted.jsonl"
+    report = run["report_url"].removeprefix(f"s3://{bucket}-audit/") + "not_deleted.jsonl"
     rows = s3.get_object(Bucket=f"{bucket}-audit", Key=report)["Body"].read().decode()
     assert {(r["key"], r["code"]) for r in map(json.loads, rows.splitlines())} == {
         (k, c) for k, (c, _) in codes.items()
