@@ -33,6 +33,7 @@ from digest_cleanup.pipeline.budget import BudgetState
 from digest_cleanup.pipeline.run_record import RunView
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.target_state import LATENCY_BUCKETS
+from digest_cleanup.pipeline.trusted_clock import recorded_skews
 
 logger = logging.getLogger("digest_cleanup.metrics")
 
@@ -158,6 +159,16 @@ class RunStateCollector:
         ).add_metric([], settings.dlq_retention_days * 86_400)
         for state in states:
             _add_target(fams, state, now)
+        skews = recorded_skews(self.runtime.store)
+        skew = fams.gauge(
+            "digest_cleanup_clock_skew_seconds",
+            "Seconds between the earliest and latest of a worker's, Redis's and the store's "
+            "clocks, when over 120 s in the last 15 minutes (else 0); retention checks use "
+            "the earliest",
+            labels=["target"],
+        )
+        for state in states:
+            skew.add_metric([state.target], skews.get(state.target, 0.0))
         return fams.all()
 
     def _read(self, target: str) -> TargetState:

@@ -25,12 +25,15 @@ import redis
 
 from digest_cleanup.clock import utcnow
 from digest_cleanup.kinds import TargetKind
-from digest_cleanup.pipeline.keyspace import Keyspace
+from digest_cleanup.pipeline.keyspace import Keyspace, as_text
 
 logger = logging.getLogger("digest_cleanup.clock")
 
 #: A spread between the clocks past this many seconds is logged and counted.
 SKEW_WARN_SECONDS = 120.0
+#: How long a wide skew, once seen, is still reported (the metric and ``check``): a
+#: clock fixed since stops being reported without anyone clearing it.
+SKEW_REPORT_SECONDS = 900.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,13 +98,24 @@ def trusted_now(store: Keyspace, kind: TargetKind | None = None, *, target: str 
         )
         if target:
             try:
-                store.redis.hset(store.key(SKEW_KEY), target, round(reading.skew, 1))
+                # When, by Redis's clock: the one every host and the metrics share.
+                at = (reading.redis or reading.local).timestamp()
+                seen = f"{round(reading.skew, 1)} {at:.0f}"
+                store.redis.hset(store.key(SKEW_KEY), target, seen)
             except redis.RedisError:
                 logger.debug("could not record the clock skew of target %s", target)
     return reading.now
 
 
-def recorded_skews(store: Keyspace) -> dict[str, float]:
-    """The last wide skew seen per target (empty while every clock agrees)."""
-    raw = store.redis.hgetall(store.key(SKEW_KEY))
-    return {(k.decode() if isinstance(k, bytes) else str(k)): float(v) for k, v in raw.items()}
+def recorded_skews(store: Keyspace, now: float | None = None) -> dict[str, float]:
+    """The wide skew seen per target in the last :data:`SKEW_REPORT_SECONDS` (else none).
+
+    ``now`` is Redis's clock unless given, as the skew was stamped with it.
+    """
+    now = redis_time(store.redis).timestamp() if now is None else now
+    skews: dict[str, float] = {}
+    for field, value in store.redis.hgetall(store.key(SKEW_KEY)).items():
+        skew, _, at = as_text(value).partition(" ")
+        if at and now - float(at) <= SKEW_REPORT_SECONDS:
+            skews[as_text(field)] = float(skew)
+    return skews

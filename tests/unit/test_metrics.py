@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +284,31 @@ def test_a_target_without_a_budget_exports_no_budget_series(redis_url, tmp_path)
 def test_a_run_of_a_target_the_file_no_longer_has_shows_no_budget(runtime):
     assert runtime.budget_state("statements") is not None
     assert runtime.budget_state("retired-target") is None
+
+
+class _StoreClockADayBehind:
+    """A kind whose store's clock reads a day earlier than this host's."""
+
+    def server_time(self) -> datetime:
+        return datetime.now(UTC) - timedelta(days=1)
+
+
+def test_a_wide_clock_skew_is_exported_for_its_target_and_ages_out(runtime):
+    # Given a retention check that saw the store's clock a day behind this host's
+    from digest_cleanup.pipeline.trusted_clock import (
+        SKEW_REPORT_SECONDS,
+        recorded_skews,
+        trusted_now,
+    )
+
+    now = trusted_now(runtime.store, _StoreClockADayBehind(), target="statements")  # type: ignore[arg-type]
+
+    # Then the check used the earliest clock, and a scrape shows the skew for that target
+    # only, until it is older than the reporting window
+    assert now < datetime.now(UTC) - timedelta(hours=23)
+    series = scrape(runtime)
+    skew = series[("digest_cleanup_clock_skew_seconds", frozenset({("target", "statements")}))]
+    assert 86_300 < skew < 86_500
+    assert series[("digest_cleanup_clock_skew_seconds", frozenset({("target", "receipts")}))] == 0
+    later = time.time() + SKEW_REPORT_SECONDS + 60
+    assert recorded_skews(runtime.store, now=later) == {}
