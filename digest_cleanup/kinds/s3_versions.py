@@ -74,6 +74,7 @@ def scan_versions(kind: S3Kind, cutoff: datetime, start_after: str | None) -> It
             *({**v, "marker": False} for v in response.get("Versions", [])),
             *({**m, "marker": True} for m in response.get("DeleteMarkers", [])),
         ]
+        _refuse_mangled_keys(kind, response, entries)
         entries.sort(key=lambda e: e["Key"])  # stable: keeps each key's newest-first order
         expired: list[str] = []
         done_key: str | None = None
@@ -87,6 +88,25 @@ def scan_versions(kind: S3Kind, cutoff: datetime, start_after: str | None) -> It
         yield Page(scanned=len(entries), expired=expired, cursor=done_key)
     if key is not None:
         yield Page(scanned=0, expired=_expired_versions(key, group, cutoff), cursor=key)
+
+
+def _refuse_mangled_keys(kind: S3Kind, response: Any, entries: list[dict[str, Any]]) -> None:
+    """Fail the listing if a server that ignored ``encoding-type=url`` replaced a character.
+
+    SeaweedFS 4.48 writes a control character in a ListObjectVersions key as U+FFFD;
+    a delete of that name and version then answers "deleted" while the object stays.
+    """
+    if response.get("EncodingType") == "url":
+        return
+    mangled = next((e["Key"] for e in entries if "\ufffd" in e["Key"]), None)
+    if mangled is not None:
+        raise PermanentError(
+            "listing_not_encoded",
+            f"targets.{kind.target}: the server listed versions without URL-encoding "
+            f"their keys, and {mangled!r} holds U+FFFD where it could not write a "
+            "character, so its versions cannot be named for a delete; rename or delete "
+            "that key by hand, or set versions = 'current'",
+        )
 
 
 def _expired_versions(key: str, group: list[dict[str, Any]], cutoff: datetime) -> list[str]:

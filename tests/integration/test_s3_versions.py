@@ -14,6 +14,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from digest_cleanup.config.settings import Settings
+from digest_cleanup.errors import PermanentError
 from digest_cleanup.kinds import CHANGED_SINCE_LISTING, Outcome
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
 from tests.conftest import put_keys, seed_split
@@ -170,3 +171,22 @@ def test_a_key_written_again_after_its_listing_keeps_its_markers(weed, s3, locke
     )
     assert s3.get_object(Bucket=locked_bucket, Key=key)["Body"].read() == b"reissued"
     assert marker in _left(s3, locked_bucket)
+
+
+def test_a_versions_listing_that_replaced_a_character_fails_instead_of_deleting_nothing(
+    weed, s3, locked_bucket
+):
+    # Given a statement whose key has a control character, which this server's
+    # ListObjectVersions writes as U+FFFD (it ignores encoding-type=url there)
+    key = "statements/odd\x01name.pdf"
+    s3.put_object(Bucket=locked_bucket, Key=key, Body=b"statement")
+
+    # When the target is listed by version
+    with pytest.raises(PermanentError) as raised:
+        _listed(_kind(weed, locked_bucket))
+
+    # Then the listing fails, naming the key, instead of expiring a name that a
+    # delete would answer "deleted" for while the statement stays
+    assert raised.value.code == "listing_not_encoded"
+    assert "odd\ufffdname" in raised.value.message
+    assert _readable(s3, locked_bucket, key)
