@@ -17,6 +17,7 @@ from digest_cleanup.testing.s3_messages import (
     merge_errors,
     split_delete_body,
 )
+from digest_cleanup.testing.stack import wait_for
 from tests.conftest import put_keys, s3_targets, seed_split
 
 pytestmark = pytest.mark.e2e
@@ -293,3 +294,34 @@ def test_a_version_whose_delete_is_refused_keeps_its_keys_marker(
             [(k, "AccessDenied") for k in refused] + [(k, "marker_kept") for k in refused]
         )
         stack.stop()
+
+
+def test_a_held_version_and_its_kept_marker_are_redriven_together_once_the_hold_is_lifted(
+    make_stack, s3, locked_bucket
+):
+    # Given a run that kept 2 held versions, each with its key's delete marker
+    bucket = locked_bucket
+    keys = OLD[:4]
+    _deleted_statements(s3, bucket, keys)
+    held = _hold_oldest(s3, bucket, keys[:2])
+    cutoff = seed_split(s3, bucket, [], [])
+    stack = make_stack(s3_targets(bucket, versions="all"))
+    stack.worker()
+    run = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json")
+    assert run.json()["dead_lettered"] == 4, run
+
+    # When the holds are lifted and the dead letters redriven
+    for key, version in held.items():
+        s3.put_object_legal_hold(
+            Bucket=bucket,
+            Key=key,
+            VersionId=version.partition("?versionId=")[2],
+            LegalHold={"Status": "OFF"},
+        )
+    redriven = stack.cli("dlq", "redrive", "--all", "--json")
+    assert redriven.code == 0, redriven
+
+    # Then each version goes, and its marker after it: nothing of the keys is left
+    wait_for(lambda: not set(_versions(s3, bucket)) & set(keys), 60, "the redriven versions")
+    assert [k for k in keys if _readable(s3, bucket, k)] == []
+    assert _dead_letters(stack) == []
