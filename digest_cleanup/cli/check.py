@@ -2,8 +2,12 @@
 
 It asks the target's kind to probe its store (for S3: credentials, the bucket,
 versioning, listing, and whether the endpoint really honours conditional
-deletes), and checks that Redis cannot evict the run state.  Exit 0 when
-nothing is a problem, 1 otherwise.
+deletes, on both delete paths and for a multipart ETag), and checks that Redis
+cannot evict the run state.  Exit 0 when nothing is a problem, 1 otherwise.
+
+A run does not need it to be safe: a target's first run, and its first after its
+scope changes, runs the same conditional-delete probe itself and refuses to start
+on a problem (see :func:`digest_cleanup.pipeline.lifecycle.start`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         kind.close()
     problems = sum(f.status == "problem" for f in findings)
     if args.json:
-        rows = [{"check": f.check, "status": f.status, "detail": f.detail} for f in findings]
+        rows = [
+            {"check": f.check, "status": f.status, "detail": f.detail, "code": f.code}
+            for f in findings
+        ]
         print(json.dumps({"target": target.name, "findings": rows, "problems": problems}))
     else:
         print(f"{target.name} ({kind.describe()}):")

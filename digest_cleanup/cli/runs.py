@@ -132,6 +132,7 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
             "created": "started",
             "restarted": "restarted",
             "resumed": "resumed the sweep of",
+            "refused": "refused",
         }.get(started.action, "attached to")
         print(f"{verb} run {started.run_id}", file=sys.stderr)
     run = ctx.runtime.store.get(started.run_id)

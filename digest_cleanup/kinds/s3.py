@@ -203,9 +203,9 @@ class S3Kind(TargetKind):
         """The ETag probe of ``check``, for a target whose deletes send listed ETags."""
         if self.all_versions or not self.options.conditional_deletes:
             return []  # a version id names what is deleted; an opted-out target sends none
-        from digest_cleanup.kinds import s3_check
+        from digest_cleanup.kinds import s3_probe
 
-        return s3_check.probe_conditional_deletes(self, mapped_errors)
+        return s3_probe.probe_conditional_deletes(self, mapped_errors)
 
     @classmethod
     def namespace(cls, options: S3Options) -> tuple[str, str]:

@@ -98,14 +98,11 @@ def start(
     else:
         action = "created" if status == "created" else "attached"
     if action in ("created", "restarted"):
-        refusal = None if dry_run else _unproven(runtime, target, kind)
-        if refusal is not None:
-            return _refuse(runtime, run_id, refusal)
         log_event(logger, "run", runtime.settings, run_id=run_id, status="running",
                   trigger=trigger, action=action, cutoff=cutoff.isoformat(),
                   dry_run=dry_run)  # fmt: skip
-        runtime.dispatcher.send_sweep(run_id)
-        return Started(run_id, action, "running")
+        refused = _sweep_if_proven(runtime, target, kind, run_id, dry_run=dry_run)
+        return refused or Started(run_id, action, "running")
     run = store.get(run_id)
     if run.finished and run.fields.get("report_pending") == "1":
         finish_run(runtime, run_id)  # its report could not be written before; try again
@@ -115,12 +112,23 @@ def start(
         and _stalled(runtime, run.fields)
     ):
         # A start that died while probing left its run open: prove the scope here too.
-        refusal = None if dry_run else _unproven(runtime, target, kind)
-        if refusal is not None:
-            return _refuse(runtime, run_id, refusal)
-        runtime.dispatcher.send_sweep(run_id)
-        return Started(run_id, "resumed", run.status)
+        refused = _sweep_if_proven(runtime, target, kind, run_id, dry_run=dry_run)
+        return refused or Started(run_id, "resumed", run.status)
     return Started(run_id, "attached", run.status)
+
+
+def _sweep_if_proven(
+    runtime: Runtime, target: Target, kind: TargetKind, run_id: str, *, dry_run: bool
+) -> Started | None:
+    """Send the run's sweep, or refuse the run if its store did not prove its conditions.
+
+    A dry run deletes nothing, so it is not probed (nor does it record a probe).
+    """
+    refusal = None if dry_run else _unproven(runtime, target, kind)
+    if refusal is not None:
+        return _refuse(runtime, run_id, refusal)
+    runtime.dispatcher.send_sweep(run_id)
+    return None
 
 
 def _unproven(runtime: Runtime, target: Target, kind: TargetKind) -> tuple[str, str] | None:

@@ -1,4 +1,5 @@
-"""Each target's state in Redis: slot locks, last success, latency, timings, verify results.
+"""Each target's state in Redis: slot locks, last success, latency, timings, verify results,
+and the scope whose conditions probe last passed.
 
 These keys outlive any one run.  A run's scripts write the latency histogram,
 the timings and the latest run id under the names given here (see
@@ -51,6 +52,21 @@ class TargetState(Keyspace):
 
     def last_success(self, target: str) -> str | None:
         raw = self.redis.get(self.key("target", target, "last_success"))
+        return None if raw is None else as_text(raw)
+
+    def mark_probed(self, target: str, scope: str) -> None:
+        """Record that the store honoured delete conditions for the target's ``scope`` digest.
+
+        A run of that scope then starts without probing again.  Lost with Redis's
+        data, which only costs the next run a probe.
+        """
+        self.redis.hset(
+            self.key("target", target, "probed"), mapping={"scope": scope, "at": now_iso()}
+        )
+
+    def probed_scope(self, target: str) -> str | None:
+        """The scope digest whose conditions probe last passed for the target, if any."""
+        raw = self.redis.hget(self.key("target", target, "probed"), "scope")
         return None if raw is None else as_text(raw)
 
     def latency(self, target: str) -> dict[str, str]:

@@ -26,8 +26,9 @@ import random
 import threading
 import time
 from collections.abc import Iterable
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
+from digest_cleanup.kinds.s3_probe import PROBE_PREFIX
 from digest_cleanup.testing import s3_listings
 from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
 from digest_cleanup.testing.s3_messages import (
@@ -83,11 +84,18 @@ class FaultProxy(ReverseProxy):
       bare 404 (no S3 error code) without being forwarded, as by a gateway or a
       wrong endpoint path that does not route them to S3.
 
-    Counters: ``requests_total``, ``delete_requests`` (DeleteObjects forwarded
-    upstream), ``deleted_key_counts`` (how often each key was in a forwarded
-    DeleteObjects) and ``faults_injected`` by kind (``slowdown``, ``down``,
-    ``delay``, ``put_denied``, ``bare_404``, and ``access_denied`` and
-    ``precondition_failed`` counted per key).
+    The conditions probe a run makes at its start (keys under ``PROBE_PREFIX`` of
+    :mod:`digest_cleanup.kinds.s3_probe`) is spared every fault but
+    ``strip_conditions``, which is what it probes for, and its requests are
+    counted in ``probe_requests`` only: the faults are aimed at the pipeline, and
+    a probe failed by one would refuse the run before the pipeline is reached.
+    Set ``fault_probe = True`` to aim them at the probe too.
+
+    Counters: ``requests_total``, ``probe_requests`` (requests on probe keys),
+    ``delete_requests`` (DeleteObjects forwarded upstream), ``deleted_key_counts`` (how
+    often each key was in a forwarded DeleteObjects) and ``faults_injected`` by kind
+    (``slowdown``, ``down``, ``delay``, ``put_denied``, ``bare_404``, and
+    ``access_denied`` and ``precondition_failed`` counted per key).
     """
 
     label = "fault proxy"
@@ -120,6 +128,9 @@ class FaultProxy(ReverseProxy):
         self.strip_conditions = False
         #: How to rewrite ListObjectsV2 answers (see the class docstring); none when empty.
         self.listing_rewrites: frozenset[str] = frozenset()
+        #: Let the other faults hit the conditions probe too (see the class docstring).
+        self.fault_probe = False
+        self._probe_requests = 0
         #: Refuse every PUT under this path (see the class docstring); "" refuses none.
         self.deny_puts_under = ""
         self._requests_total = 0
@@ -198,6 +209,12 @@ class FaultProxy(ReverseProxy):
             return self._requests_total
 
     @property
+    def probe_requests(self) -> int:
+        """Requests on the conditions probe's keys, which no other counter counts."""
+        with self._lock:
+            return self._probe_requests
+
+    @property
     def delete_requests(self) -> int:
         """DeleteObjects requests forwarded upstream."""
         with self._lock:
@@ -224,6 +241,7 @@ class FaultProxy(ReverseProxy):
         """Zero every counter (faults stay as they are)."""
         with self._lock:
             self._requests_total = 0
+            self._probe_requests = 0
             self._delete_requests = 0
             self._deleted_key_counts.clear()
             self._faults.clear()
@@ -233,11 +251,15 @@ class FaultProxy(ReverseProxy):
     def handle(self, request: ProxyHandler) -> None:
         """Apply the active faults to one request, forwarding it unless a fault answers."""
         self._count_request()
+        # Read first: a DeleteObjects names its keys in the body, probe keys too.
+        body = request.read_body()
+        if not self.fault_probe and _is_probe(request, body):
+            self._relay_probe(request, body)
+            return
         if self.down:
             self._count_fault("down")
             request.drop_connection()
             return
-        body = request.read_body()
         delay = self.delay
         if delay > 0:
             self._count_fault("delay")
@@ -345,6 +367,26 @@ class FaultProxy(ReverseProxy):
             return True
         return False
 
+    def _relay_probe(self, request: ProxyHandler, body: bytes | None) -> None:
+        """Forward a conditions probe's request, less its conditions under ``strip_conditions``."""
+        with self._lock:
+            self._probe_requests += 1
+        if not self.strip_conditions or request.command not in ("POST", "DELETE"):
+            request.relay(body)
+            return
+        if request.command == "DELETE":
+            request.relay(body, drop=_CONDITION_HEADERS)
+            return
+        parsed = None if body is None else split_delete_body(body, frozenset(),
+                                                             strip_conditions=True)  # fmt: skip
+        if parsed is None or parsed.body is body:
+            request.relay(body)
+            return
+        headers = fix_integrity_headers(request.forward_headers(parsed.body), parsed.body)
+        response = request.exchange(headers, parsed.body)
+        if response is not None:
+            request.send(*response)
+
     # -- used by the rules, on the handler threads
 
     def _count_request(self) -> None:
@@ -371,3 +413,17 @@ class FaultProxy(ReverseProxy):
 #: The names these two had when they lived here, for code that imports them from here.
 _fix_integrity_headers = fix_integrity_headers
 _merge_errors = merge_errors
+
+
+def _is_probe(request: ProxyHandler, body: bytes | None) -> bool:
+    """True for a request of the conditions probe: on a probe key, or listing one."""
+    parts = urlsplit(request.path)
+    if PROBE_PREFIX in unquote(parts.path):
+        return True
+    if any(PROBE_PREFIX in prefix for prefix in parse_qs(parts.query).get("prefix", [])):
+        return True
+    return (
+        is_delete_objects(request.command, request.path)
+        and body is not None
+        and PROBE_PREFIX.encode() in body
+    )

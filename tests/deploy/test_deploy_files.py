@@ -82,10 +82,14 @@ ALLOWED_ACTIONS = frozenset(
         "s3:GetObjectRetention",
         "s3:PutObject",
         "s3:GetObject",
+        "s3:AbortMultipartUpload",
     }
 )
-#: Where ``digest-cleanup check`` writes its probe (``digest_cleanup.kinds.s3_check``).
-PROBE_ARN = "arn:aws:s3:::digest-artifacts/.digest-cleanup-check/*"
+#: Where the conditions probe writes, under each target prefix (``kinds.s3_probe``).
+PROBE_ARNS = frozenset(
+    f"arn:aws:s3:::digest-artifacts/{prefix}/.digest-cleanup-check-*"
+    for prefix in ("statements", "tmp", "receipts")
+)
 
 
 def missing(reason: str) -> None:
@@ -819,15 +823,14 @@ def test_iam_policy_restricts_every_resource_to_the_targets(
     object_arns = {f"arn:aws:s3:::{t.options.bucket}/{t.options.prefix}*" for t in targets}
     list_prefixes = {f"{t.options.prefix}*" for t in targets}
 
-    from digest_cleanup.kinds.s3_check import PROBE_PREFIX
+    from digest_cleanup.kinds.s3_probe import probe_prefix
 
-    assert PROBE_ARN.endswith(f"/{PROBE_PREFIX}*")
+    probes = {f"arn:aws:s3:::{t.options.bucket}/{probe_prefix(t.options)}*" for t in targets}
+    assert probes == PROBE_ARNS
     for action, resource, condition in _granted(policy_statements):
-        if resource == PROBE_ARN:
-            assert action in ("s3:PutObject", "s3:GetObject", "s3:DeleteObject",
-                              "s3:DeleteObjectVersion")  # fmt: skip
-        elif condition.get("StringLike", {}).get("s3:prefix") == [f"{PROBE_PREFIX}*"]:
-            assert action == "s3:ListBucketVersions"
+        if resource in PROBE_ARNS:
+            # Reading, deleting and listing the probe come with the target prefix.
+            assert action in ("s3:PutObject", "s3:AbortMultipartUpload")
         elif action == "s3:PutObject":
             assert resource == "arn:aws:s3:::digest-audit/reports/*"
         elif action in ("s3:ListBucket", "s3:ListBucketVersions"):
@@ -838,9 +841,9 @@ def test_iam_policy_restricts_every_resource_to_the_targets(
         else:
             assert resource in object_arns, f"{action} on {resource}"
     deletable = {r for a, r, _ in _granted(policy_statements) if a == "s3:DeleteObject"}
-    assert deletable == object_arns | {PROBE_ARN}, "every target prefix and the probe, no more"
+    assert deletable == object_arns, "every target prefix (the probe's among them), no more"
     readable = {r for a, r, _ in _granted(policy_statements) if a == "s3:GetObject"}
-    assert readable == object_arns | {PROBE_ARN}, "ETag conditions need s3:GetObject"
+    assert readable == object_arns, "ETag conditions need s3:GetObject"
 
 
 def test_iam_policy_covers_the_audit_url_the_stack_uses(
@@ -852,7 +855,7 @@ def test_iam_policy_covers_the_audit_url_the_stack_uses(
     bucket, prefix = match.groups()
 
     writable = {r for a, r, _ in _granted(policy_statements) if a == "s3:PutObject"}
-    assert writable == {f"arn:aws:s3:::{bucket}/{prefix}*", PROBE_ARN}
+    assert writable == {f"arn:aws:s3:::{bucket}/{prefix}*", *PROBE_ARNS}
 
 
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"

@@ -155,8 +155,9 @@ def _send(stack: Any, payload: BatchPayload) -> None:
 
 
 def test_a_listing_that_cannot_work_fails_the_run_and_says_why(make_stack):
-    # Given a target whose bucket does not exist
-    stack = make_stack(s3_targets("no-such-bucket-anywhere"))
+    # Given a target whose bucket does not exist (sending no conditions, so no conditions
+    # probe refuses the run before its listing: see test_conditions_gate)
+    stack = make_stack(s3_targets("no-such-bucket-anywhere", conditional_deletes=False))
     stack.worker(concurrency=1)
 
     # When it runs
