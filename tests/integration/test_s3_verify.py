@@ -44,16 +44,26 @@ def test_a_reader_that_drops_keys_cannot_hide_them_from_verify(weed, s3, bucket,
 
 
 @pytest.mark.parametrize("lean", [True, False])
-def test_both_clients_list_the_same_keys(weed, s3, bucket, lean):
+def test_both_clients_list_the_same_keys(weed, s3, bucket, lean, monkeypatch):
     # Given expired keys, some with characters a listing escapes
     odd = ["statements/a&b<c>.pdf", "statements/tab\there.pdf", "statements/\u00fc\u65e5.pdf"]
     put_keys(s3, bucket, [*KEYS[:5], *odd])
     kind = _kind(weed, bucket)
+    read = s3_listing.parse_contents
+    taken: list[Any] = []
+
+    def counted(response_dict: dict[str, Any], timestamp_parser: Any) -> Any:
+        taken.append(read(response_dict, timestamp_parser))
+        return taken[-1]
+
+    monkeypatch.setattr(s3_listing, "parse_contents", counted)
 
     # When verify counts them, with or without the lean reader in the sweep's client
     client = kind.client if lean else kind.verify_client
     listed = {o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
 
-    # Then the keys are the ones stored, and verify counts them all
+    # Then the keys are the ones stored, the lean reader read weed's page itself (it
+    # did not leave it to botocore), and verify counts them all
     assert listed == {*KEYS[:5], *odd}
+    assert [len(found or ()) for found in taken] == ([len(listed)] if lean else [])
     assert kind.remaining(LATER) == len(listed)
