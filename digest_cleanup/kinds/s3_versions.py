@@ -149,15 +149,17 @@ class VersionedDeletion(Deletion):
             for i in open_:
                 batch.set(i, outcome, exc.code, f"listing the batch's versions: {exc.message}")
             return
-        markers = [i for i in open_ if names[i]["VersionId"] in stored[names[i]["Key"]].markers]
-        data = [i for i in open_ if i not in markers]
-        self._send(batch, data)
+        markers = {i for i in open_ if names[i]["VersionId"] in stored[names[i]["Key"]].markers}
+        # A version the store no longer lists is gone: sending it is answered "deleted".
+        self._send(batch, [i for i in open_ if i not in markers])
+        data_of: dict[str, list[int]] = {}
+        for j, name in enumerate(names):  # settled before this call too (a null version)
+            if j not in markers:
+                data_of.setdefault(name["Key"], []).append(j)
         ready = []
-        for i in markers:
+        for i in sorted(markers):
             key = names[i]["Key"]
-            # Every data version of the key in this batch, settled before this call too.
-            mine = [j for j, n in enumerate(names) if n["Key"] == key and j not in markers]
-            if not self._keep_marker(batch, i, key, stored[key], mine, cutoff):
+            if not self._keep_marker(batch, i, key, stored[key], data_of.get(key, []), cutoff):
                 ready.append(i)
         self._send(batch, ready)
 
@@ -236,8 +238,16 @@ class VersionedDeletion(Deletion):
                 for marker in response.get("DeleteMarkers", []):
                     if marker["Key"] in found:
                         found[marker["Key"]].markers.add(marker["VersionId"])
+                if not response.get("IsTruncated"):
+                    return found
                 next_key = response.get("NextKeyMarker")
-                if not response.get("IsTruncated") or not next_key or next_key > last:
+                if not next_key:
+                    # Ending here could miss a marker, and delete it with the data.
+                    raise TransientError(
+                        "listing_truncated",
+                        "ListObjectVersions was truncated with no NextKeyMarker",
+                    )
+                if next_key > last:
                     return found
                 params["KeyMarker"] = next_key
                 params.pop("VersionIdMarker", None)

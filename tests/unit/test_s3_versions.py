@@ -136,3 +136,14 @@ def test_a_version_the_store_no_longer_holds_counts_as_deleted() -> None:
     # Then the version is sent anyway (idempotent), and the marker follows
     assert [r.outcome for r in results] == [Outcome.DELETED] * 2
     assert client.deletes() == [["s/a?versionId=1"], ["s/a?versionId=m"]]
+
+
+def test_a_listing_truncated_without_a_marker_to_go_on_deletes_nothing() -> None:
+    # Given a listing page that says there is more but not where it goes on
+    client = ScriptedClient([_page(("s/a", "1", False), IsTruncated=True)])
+
+    results = _kind(client).delete(["s/a?versionId=1", "s/a?versionId=m"], CUTOFF)
+
+    # Then the unlisted rest might hold the marker: nothing is sent, and all is retried
+    assert [(r.outcome, r.code) for r in results] == [(Outcome.TRANSIENT, "listing_truncated")] * 2
+    assert client.deletes() == []
