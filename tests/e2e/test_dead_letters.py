@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
@@ -244,8 +245,10 @@ def test_run_report_is_written_to_the_audit_location_and_adds_up(make_stack, s3,
     run = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json").json()
 
     # Then the report exists where status says, and its numbers add up
-    prefix = f"reports/statements/{run['run_id']}/"
-    assert run["report_url"] == f"s3://{bucket}-audit/{prefix}"
+    # (a folder of its own per end of the run: its end time, then its token)
+    prefix = run["report_url"].removeprefix(f"s3://{bucket}-audit/")
+    folder = re.escape(f"reports/statements/{run['run_id']}/")
+    assert re.fullmatch(folder + r"[0-9]{8}T[0-9]{9}Z-[0-9a-f]{12}/", prefix), prefix
     summary = json.loads(
         s3.get_object(Bucket=f"{bucket}-audit", Key=prefix + "summary.json")["Body"].read()
     )
@@ -290,7 +293,8 @@ def test_a_report_that_cannot_be_written_stays_pending_and_is_written_later(
     assert "report_error" not in after
     for counter in ("expired", "deleted", "skipped", "dead_lettered", "batches_done"):
         assert after[counter] == run[counter], counter
-    prefix = f"reports/statements/{run['run_id']}/"
+    prefix = after["report_url"].removeprefix(f"s3://{bucket}-audit/")
+    assert prefix.startswith(f"reports/statements/{run['run_id']}/")
     summary = json.loads(
         s3.get_object(Bucket=f"{bucket}-audit", Key=prefix + "summary.json")["Body"].read()
     )

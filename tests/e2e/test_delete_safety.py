@@ -96,7 +96,8 @@ def test_keys_rewritten_after_listing_survive_and_are_reported(
     assert run["conditional_deletes"] is True
     assert _entries(stack) == []  # kept on purpose: never retried, never dead-lettered
     # and the audit report names each of them, with why
-    prefix = f"reports/statements/{run_id}/"
+    prefix = run["report_url"].removeprefix(f"s3://{bucket}-audit/")
+    assert prefix.startswith(f"reports/statements/{run_id}/")
     rows = s3.get_object(Bucket=f"{bucket}-audit", Key=prefix + "not_deleted.jsonl")["Body"]
     lines = [json.loads(line) for line in rows.read().decode().splitlines()]
     assert {(r["key"], r["code"]) for r in lines} == {
