@@ -115,13 +115,13 @@ def _put_once(client: Any, bucket: str, key: str, body: bytes, content_type: str
     does not implement the condition gets a HEAD first: not atomic, but the keys
     here are new for every report, so only a retry of the same report can race it.
     """
-    from botocore.exceptions import ClientError
-
     put = {"Bucket": bucket, "Key": key, "Body": body, "ContentType": content_type}
+    # Errors are told apart by the answer botocore attaches (``exc.response``), so the
+    # pipeline imports no store library of its own.
     try:
         client.put_object(**put, IfNoneMatch="*")
         return True
-    except ClientError as exc:
+    except Exception as exc:
         code = _error_code(exc)
         if code in _EXISTS:
             return False
@@ -130,16 +130,21 @@ def _put_once(client: Any, bucket: str, key: str, body: bytes, content_type: str
     try:
         client.head_object(Bucket=bucket, Key=key)
         return False
-    except ClientError as exc:
+    except Exception as exc:
         if _error_code(exc) not in ("404", "NoSuchKey", "NotFound"):
             raise
     client.put_object(**put)
     return True
 
 
-def _error_code(exc: Any) -> str:
-    """The S3 error code of a ClientError, or its HTTP status when it has none (a HEAD)."""
-    response = getattr(exc, "response", {}) or {}
+def _error_code(exc: BaseException) -> str:
+    """The S3 error code of a ClientError, or its HTTP status when it has none (a HEAD).
+
+    Empty for any other exception, which the caller raises again.
+    """
+    response = getattr(exc, "response", None)
+    if not isinstance(response, Mapping):
+        return ""
     code = str(response.get("Error", {}).get("Code") or "")
     status = str(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or "")
     return code if code and not code.isdigit() else status or code
