@@ -109,7 +109,7 @@ def pages(
 
 def _ranged(client: Any, bucket: str, prefix: str, page_size: int) -> Iterator[tuple[Objects, str]]:
     """A prefix without sub-prefixes to shard by: its first page, then key ranges at once."""
-    first = client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=page_size)
+    first = checked(client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=page_size), prefix)
     contents: Objects = first.get("Contents", [])
     if not contents:
         return
@@ -201,22 +201,40 @@ def segments(
 
 
 def listed(responses: Iterable[dict[str, Any]], prefix: str) -> Iterator[dict[str, Any]]:
-    """Each page of a ListObjectsV2 paginator, refusing one that cannot be followed.
+    """Each page of a ListObjectsV2 paginator, each checked with :func:`checked`."""
+    for response in responses:
+        yield checked(response, prefix)
+
+
+def checked(response: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """A ListObjectsV2 page, unless it cannot be followed or names a key it could not write.
 
     botocore's paginator ends quietly at a page that says ``IsTruncated`` but gives
     no ``NextContinuationToken`` (a server's or a page reader's fault): the rest of
-    the prefix would never be listed, and every count would still add up.
+    the prefix would never be listed, and every count would still add up.  A
+    server that ignores ``encoding-type=url`` (no ``EncodingType`` in its answer)
+    may write a character it cannot put in XML as U+FFFD (SeaweedFS does): that
+    name's delete answers "deleted" while the object stays.
     """
-    for response in responses:
-        if response.get("IsTruncated") and not response.get("NextContinuationToken"):
+    if response.get("IsTruncated") and not response.get("NextContinuationToken"):
+        raise PermanentError(
+            "truncated_listing",
+            f"a ListObjectsV2 page under {prefix!r} says more keys follow "
+            "(IsTruncated) but gives no NextContinuationToken to list them from, so "
+            "the rest of the prefix cannot be listed; check the S3 endpoint and any "
+            "proxy in front of it, then trigger the run again",
+        )
+    if response.get("EncodingType") != "url":
+        contents = response.get("Contents", [])
+        mangled = next((o["Key"] for o in contents if "\ufffd" in o.get("Key", "")), None)
+        if mangled is not None:
             raise PermanentError(
-                "truncated_listing",
-                f"a ListObjectsV2 page under {prefix!r} says more keys follow "
-                "(IsTruncated) but gives no NextContinuationToken to list them from, so "
-                "the rest of the prefix cannot be listed; check the S3 endpoint and any "
-                "proxy in front of it, then trigger the run again",
+                "listing_not_encoded",
+                f"the server listed {prefix!r} without URL-encoding its keys, and "
+                f"{mangled!r} holds U+FFFD where it could not write a character, so the "
+                "key cannot be named for a delete; rename or delete that key by hand",
             )
-        yield response
+    return response
 
 
 def _close(state: ShardCursor, sub: str, subs: list[str]) -> None:

@@ -57,14 +57,27 @@ def test_url_encoded_listings_carry_control_characters(proxy, control_bucket):
     assert proxy.faults_injected["listing_rewritten"] >= 2
 
 
-def test_a_page_xml_cannot_carry_fails_the_scan_and_verify(proxy, control_bucket):
-    # Given a server that ignores encoding-type=url and escapes control characters,
-    # which puts &#x1; into a page: not XML 1.0
-    proxy.listing_rewrites = frozenset({"escape_controls", "ignore_encoding"})
+@pytest.mark.parametrize(
+    ("rewrites", "code"),
+    [
+        # &#x1; in a page: not XML 1.0, so botocore turns the 200 into a 500
+        ({"escape_controls", "ignore_encoding"}, "500"),
+        # U+FFFD where the server could not write the character, as SeaweedFS does
+        ({"ignore_encoding"}, "listing_not_encoded"),
+    ],
+)
+def test_an_unencoded_page_that_cannot_name_a_key_fails_the_scan_and_verify(
+    proxy, control_bucket, rewrites, code
+):
+    # Given a server that ignores encoding-type=url, and so cannot write a key with a
+    # control character in a way XML 1.0 carries
+    proxy.listing_rewrites = frozenset(rewrites)
     kind = _kind(proxy, control_bucket)
 
-    # Then the sweep's scan and verify both fail rather than list around the key
-    with pytest.raises(StoreError):
+    # Then the sweep's scan and verify both fail rather than list around the key or
+    # list another name for it
+    with pytest.raises(StoreError) as scanning:
         _scanned(kind)
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError) as verifying:
         kind.remaining(LATER)
+    assert scanning.value.code == verifying.value.code == code

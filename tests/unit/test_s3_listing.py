@@ -238,3 +238,42 @@ def test_verify_refuses_a_page_that_cannot_be_followed(stock):
     # Then verify fails instead of counting one page as the whole prefix
     with pytest.raises(PermanentError, match="NextContinuationToken"):
         kind.remaining(datetime(2030, 1, 1, tzinfo=UTC))
+
+
+def _unencoded_with_replacement() -> bytes:
+    """A page from a server that ignored encoding-type=url and could not write a character."""
+    return page(("statements/a\ufffdb.pdf", "2026-10-18T03:00:00Z")).replace(
+        b"<EncodingType>url</EncodingType>", b""
+    )
+
+
+@pytest.mark.parametrize("start_after", ["statements/0", None])
+def test_a_key_the_server_could_not_write_fails_the_listing(lean, start_after):
+    # Given a server that ignored encoding-type=url and wrote U+FFFD for a character
+    serve(lean, _unencoded_with_replacement())
+
+    # Then the sweep's listing fails naming the key, instead of expiring a name whose
+    # delete answers "deleted" while the object stays
+    with pytest.raises(PermanentError, match="a\ufffdb") as raised:
+        list(s3_shards.pages(lean, "b", "statements/", start_after, 1000))
+    assert raised.value.code == "listing_not_encoded"
+
+
+def test_verify_refuses_a_key_the_server_could_not_write(stock):
+    serve(stock, _unencoded_with_replacement())
+    settings = Settings(s3_endpoint_url=ENDPOINT, aws_access_key_id="k", aws_secret_access_key="s")
+    kind = S3Kind("statements", S3Options(bucket="b", prefix="statements/"), settings)
+    kind.__dict__["verify_client"] = stock
+
+    with pytest.raises(PermanentError) as raised:
+        kind.remaining(datetime(2030, 1, 1, tzinfo=UTC))
+    assert raised.value.code == "listing_not_encoded"
+
+
+def test_an_encoded_replacement_character_is_a_key_like_any_other(lean):
+    # Given a URL-encoded page whose key really holds U+FFFD
+    serve(lean, page(("statements/a%EF%BF%BDb.pdf", "2026-10-18T03:00:00Z")))
+
+    # Then it is listed as stored
+    listed = [o["Key"] for p, _ in s3_shards.pages(lean, "b", "statements/", "x", 1000) for o in p]
+    assert listed == ["statements/a\ufffdb.pdf"]
