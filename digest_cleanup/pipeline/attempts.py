@@ -68,6 +68,7 @@ def process(runtime: Runtime, raw: Any, task_id: str) -> BatchReport:
     try:
         kind = check_delivery(runtime, payload)
     except AlreadyRecorded:
+        runtime.store.count_delivery(payload.run_id, payload.claim)  # counts the duplicate
         return _duplicate(runtime, payload)
     except RefusedBatch as refused:
         return _refuse(runtime, payload, refused, task_id, started)

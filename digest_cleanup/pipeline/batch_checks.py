@@ -32,17 +32,16 @@ class AlreadyRecorded(Exception):
 
 
 def check_delivery(runtime: Runtime, payload: BatchPayload) -> TargetKind:
-    """:func:`check_batch`, and the batch is in flight: what a worker checks on delivery.
+    """What a worker checks on delivery: :func:`check_batch`, and the batch is in flight.
 
-    A batch that is no longer in flight is either a duplicate of an attempt already
-    recorded (:class:`AlreadyRecorded`) or one its run never published or already
-    ended (refused, ``batch_not_in_flight``).
+    A message its run published (so not a forgery) whose attempt is already recorded is
+    a duplicate delivery (:class:`AlreadyRecorded`), whatever the run's status now: it
+    deletes and dead-letters nothing.  One no longer in flight otherwise is refused
+    (``batch_not_in_flight``).
     """
-    kind = check_batch(runtime, payload)
+    kind = check_batch(runtime, payload, delivery=True)
     store = runtime.store
     if not store.is_in_flight(payload.run_id, payload.batch_id):
-        if store.is_recorded(payload.run_id, payload.claim):
-            raise AlreadyRecorded(payload.claim)
         raise RefusedBatch(
             "batch_not_in_flight",
             f"batch {payload.batch_id} of run {payload.run_id} is not in flight (it ended, "
@@ -68,13 +67,15 @@ def ensure_running(run: Mapping[str, str], payload: BatchPayload) -> None:
     )
 
 
-def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
+def check_batch(runtime: Runtime, payload: BatchPayload, *, delivery: bool = False) -> TargetKind:
     """Return the kind for a batch that may be deleted, or raise :class:`RefusedBatch`.
 
     Every check reads this worker's own targets file and clock, never the
     message's word: a batch outlives the configuration that listed it (retries,
     redrives, duplicate deliveries), and a message can be forged.  A redrive runs
     the same checks before it moves an entry (see :mod:`digest_cleanup.pipeline.redrive`).
+    With ``delivery``, an authentic message whose attempt is already recorded raises
+    :class:`AlreadyRecorded` before the run's status is looked at.
     """
     try:
         target = runtime.target(payload.target)
@@ -108,8 +109,11 @@ def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
         target.check_cutoff(payload.cutoff_datetime(), now=now)
     except CutoffError as exc:
         raise RefusedBatch("inside_retention", f"{exc}; nothing in the batch was deleted") from None
-    _check_run(runtime, payload)
+    run = _check_run(runtime, payload)
     _check_published(runtime, payload)
+    if delivery and runtime.store.is_recorded(payload.run_id, payload.claim):
+        raise AlreadyRecorded(payload.claim)
+    ensure_running(run, payload)
     for condition in payload.conditions or [""] * len(payload.keys):
         problem = kind.condition_problem(condition)
         if problem is not None:
@@ -117,8 +121,8 @@ def check_batch(runtime: Runtime, payload: BatchPayload) -> TargetKind:
     return kind
 
 
-def _check_run(runtime: Runtime, payload: BatchPayload) -> None:
-    """Refuse a batch of an unknown run, another incarnation, another cutoff, or an ended run."""
+def _check_run(runtime: Runtime, payload: BatchPayload) -> Mapping[str, str]:
+    """Refuse a batch of an unknown run, another incarnation or another cutoff; the run."""
     run = runtime.store.find(payload.run_id)
     if run is None or run.fields.get("target") != payload.target:
         raise RefusedBatch(
@@ -138,7 +142,7 @@ def _check_run(runtime: Runtime, payload: BatchPayload) -> None:
             "cutoff_mismatch",
             f"message cutoff {payload.cutoff} differs from the run's {run.fields.get('cutoff')}",
         )
-    ensure_running(run.fields, payload)
+    return run.fields
 
 
 def _check_published(runtime: Runtime, payload: BatchPayload) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
@@ -119,7 +120,8 @@ def test_duplicate_batch_delivery_is_counted_once(make_stack, s3, bucket, redis_
     run = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json").json()
     assert run["deleted"] == 700
 
-    # When its first batch is delivered again (same batch id and attempt)
+    # When its first batch is delivered again (same batch id, attempt, keys and ETags)
+    etag = f'"{hashlib.md5(b"%PDF-1.7 digest").hexdigest()}"'  # noqa: S324 - S3's ETag
     payload = BatchPayload(
         run_id=run["run_id"],
         target="statements",
@@ -127,6 +129,7 @@ def test_duplicate_batch_delivery_is_counted_once(make_stack, s3, bucket, redis_
         seq=1,
         cutoff=run["cutoff"],
         keys=keys[:500],
+        conditions=[etag] * 500,
         run_token=run["token"],
         scope=run["scope"],
     )
@@ -144,6 +147,7 @@ def test_duplicate_batch_delivery_is_counted_once(make_stack, s3, bucket, redis_
         assert after[counter] == run[counter], counter
     assert after["duplicates"] == 1
     assert after["status"] == "complete"
+    assert stack.cli("dlq", "list", "--json").json()["entries"] == []  # no junk dead letter
 
 
 def _send(stack: Any, payload: BatchPayload) -> None:
