@@ -133,7 +133,9 @@ class DeadLetterQueue:
     def _absorb_one(self, raw: bytes) -> int:
         """Index one message the bulk script left: no headers, or keys to merge."""
         entry = decode_entry(raw)
-        digest = keys_digest(entry.keys) if entry.payload else keys_digest([raw.decode()])
+        # A poison message's digest is of its bytes, which need not even be UTF-8.
+        whole = raw.decode("utf-8", "backslashreplace")
+        digest = keys_digest(entry.keys) if entry.payload else keys_digest([whole])
         index = self._index_keys(entry.run_id, entry.target)
         entries, _, copies, stats, digests = index[:5]
         args: list[str | int | float | bytes] = [raw, entry.id, time.time(), entry.key_count,

@@ -46,18 +46,25 @@ return 1
 """
 
 #: Move up to ARGV[1] queued messages that carry their index headers, oldest first;
-#: stops at the first without them, or whose id holds other keys already, which
-#: :meth:`DeadLetterQueue.absorb` handles itself.
+#: stops at the first without them, or with headers of the wrong shape (a forged or
+#: damaged message: one bad header must not fail every read), or whose id holds other
+#: keys already, which :meth:`DeadLetterQueue.absorb` handles itself.
 ABSORB_INDEXED_LUA = """
 local queue, entries, order, copies, stats, digests = unpack(KEYS)
 local limit, now, prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local function text(v) return type(v) == 'string' and v ~= '' end
 local moved = 0
 while moved < limit do
   local raw = redis.call('LINDEX', queue, -1)
   if not raw then break end
   local ok, msg = pcall(cjson.decode, raw)
-  local h = ok and type(msg) == 'table' and msg.headers
-  if not (h and h.id and h.dc_run and h.dc_target and h.dc_keys and h.dc_digest) then break end
+  local h = ok and type(msg) == 'table' and type(msg.headers) == 'table' and msg.headers
+  if not (h and text(h.id) and type(h.dc_run) == 'string' and type(h.dc_target) == 'string'
+          and type(h.dc_keys) == 'number' and h.dc_keys >= 0 and h.dc_keys < 1e9
+          and h.dc_keys % 1 == 0
+          and text(h.dc_digest)) then
+    break
+  end
   local id = h.id
   local known = redis.call('HGET', digests, id)
   if known and known ~= h.dc_digest then break end

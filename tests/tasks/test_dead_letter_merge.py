@@ -142,3 +142,41 @@ def test_an_indexed_entry_that_no_longer_decodes_does_not_break_listing(setup):
     assert entries[0].payload is None
     assert entries[0].as_dict()["reason"] == "undecodable"
     assert entries[1].payload is not None
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"dc_run": "run-e", "dc_target": "statements", "dc_keys": "many", "dc_digest": "x"},
+        {"dc_run": ["run-e"], "dc_target": "statements", "dc_keys": 1, "dc_digest": "x"},
+    ],
+    ids=["keys-not-a-number", "run-not-a-string"],
+)
+def test_a_message_with_forged_index_headers_is_filed_without_them(setup, headers):
+    runtime, dlq, app = setup
+    # Given a message whose index headers are not what a worker writes, then a real one
+    body = _dead(_attempt(["statements/a.pdf"]), ["statements/a.pdf"], "X")
+    app.send_task(
+        "digest_cleanup.delete_batch", kwargs=body, task_id="dl-forged", queue="dead_letter",
+        headers=headers,
+    )  # fmt: skip
+    _publish(app, "dl-next", _dead(_attempt(["statements/b.pdf"]), ["statements/b.pdf"], "X"))
+
+    # When the queue is read, then both are listed, each under its own run and keys
+    assert [e.id for e in dlq.entries()] == ["dl-forged", "dl-next"]
+    assert [e.id for e in dlq.entries(run="run-e")] == ["dl-forged", "dl-next"]
+    assert dlq.stats()[:2] == (2, 2)
+    assert runtime.redis.llen("dead_letter") == 0
+
+
+def test_a_message_that_is_not_even_text_is_listed_as_undecodable(setup):
+    runtime, dlq, app = setup
+    # Given bytes that are not UTF-8 on the queue, then a real entry
+    runtime.redis.lpush("dead_letter", b"\xff\xfe\x00 not text")
+    _publish(app, "dl-next", _dead(_attempt(["statements/b.pdf"]), ["statements/b.pdf"], "X"))
+
+    # When the queue is read, then both are listed
+    entries = dlq.entries()
+    assert entries[0].id.startswith("undecodable-")
+    assert entries[1].id == "dl-next"
+    assert runtime.redis.llen("dead_letter") == 0
