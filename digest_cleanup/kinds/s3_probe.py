@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from digest_cleanup.errors import PermanentError, StoreError
 from digest_cleanup.kinds.base import Finding
-from digest_cleanup.kinds.s3_client import make_client
+from digest_cleanup.kinds.s3_client import TRANSIENT_CODES, make_client
 
 #: How a probe object's key starts, under the target's prefix.  A name, not a folder:
 #: a filer-backed store (SeaweedFS) keeps an emptied folder, and the sweep would list it.
@@ -257,12 +258,17 @@ class _Probe:
     def _delete(self, path: Path, key: str, etag: str) -> str:
         """Delete ``key`` on ``etag`` by ``path``; the error code, or ``""`` if none."""
         if path == "DeleteObjects":
-            with self.mapped_errors():
-                answer = self.client.delete_objects(
-                    Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": key, "ETag": etag}], "Quiet": False},
-                )
-            codes = [str(e.get("Code", "")) for e in answer.get("Errors", [])]
+            for attempt in range(PROBE_ATTEMPTS):
+                # botocore retries a throttled request, never a throttled key in a 200.
+                time.sleep(0 if attempt == 0 else 0.2 * 2**attempt)
+                with self.mapped_errors():
+                    answer = self.client.delete_objects(
+                        Bucket=self.bucket,
+                        Delete={"Objects": [{"Key": key, "ETag": etag}], "Quiet": False},
+                    )
+                codes = [str(e.get("Code", "")) for e in answer.get("Errors", [])]
+                if not codes or codes[0] not in TRANSIENT_CODES:
+                    break
             return codes[0] if codes else ""
         try:
             with self.mapped_errors():

@@ -26,9 +26,8 @@ import random
 import threading
 import time
 from collections.abc import Iterable
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
-from digest_cleanup.kinds.s3_probe import PROBE_PREFIX
 from digest_cleanup.testing import s3_listings
 from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
 from digest_cleanup.testing.s3_messages import (
@@ -39,6 +38,7 @@ from digest_cleanup.testing.s3_messages import (
     error_body,
     fix_integrity_headers,
     is_delete_objects,
+    is_probe_request,
     key_errors,
     merge_errors,
     split_delete_body,
@@ -253,7 +253,7 @@ class FaultProxy(ReverseProxy):
         self._count_request()
         # Read first: a DeleteObjects names its keys in the body, probe keys too.
         body = request.read_body()
-        if not self.fault_probe and _is_probe(request, body):
+        if not self.fault_probe and is_probe_request(request.command, request.path, body):
             self._relay_probe(request, body)
             return
         if self.down:
@@ -413,17 +413,3 @@ class FaultProxy(ReverseProxy):
 #: The names these two had when they lived here, for code that imports them from here.
 _fix_integrity_headers = fix_integrity_headers
 _merge_errors = merge_errors
-
-
-def _is_probe(request: ProxyHandler, body: bytes | None) -> bool:
-    """True for a request of the conditions probe: on a probe key, or listing one."""
-    parts = urlsplit(request.path)
-    if PROBE_PREFIX in unquote(parts.path):
-        return True
-    if any(PROBE_PREFIX in prefix for prefix in parse_qs(parts.query).get("prefix", [])):
-        return True
-    return (
-        is_delete_objects(request.command, request.path)
-        and body is not None
-        and PROBE_PREFIX.encode() in body
-    )

@@ -15,9 +15,11 @@ import re
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 from xml.etree import ElementTree
 from xml.sax.saxutils import escape
+
+from digest_cleanup.kinds.s3_probe import PROBE_PREFIX
 
 __all__ = [
     "ACCESS_DENIED_BODY",
@@ -76,6 +78,20 @@ _CHECKSUM_ALGORITHMS = frozenset(
 def is_delete_objects(method: str, target: str) -> bool:
     """Whether a request (its method and request target) is a DeleteObjects call."""
     return method == "POST" and "delete" in parse_qs(urlsplit(target).query, keep_blank_values=True)
+
+
+def is_probe_request(method: str, target: str, body: bytes | None) -> bool:
+    """Whether a request is the conditions probe's (see :mod:`digest_cleanup.kinds.s3_probe`).
+
+    True on a probe key, for a listing of one, and for a DeleteObjects of probe keys:
+    the requests a run's start sends before the pipeline sends any.
+    """
+    parts = urlsplit(target)
+    if PROBE_PREFIX in unquote(parts.path):
+        return True
+    if any(PROBE_PREFIX in prefix for prefix in parse_qs(parts.query).get("prefix", [])):
+        return True
+    return is_delete_objects(method, target) and body is not None and PROBE_PREFIX.encode() in body
 
 
 @dataclass(frozen=True)
