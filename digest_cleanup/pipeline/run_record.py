@@ -54,7 +54,7 @@ FINISH_LUA = (
     """
 local function finish(run, now)
   local h = redis.call('HMGET', run, 'status', 'sweep_done', 'inflight', 'expired',
-                       'deleted', 'dead_lettered', 'skipped', 'max_skipped_share', 'reason')
+                       'deleted', 'dead_lettered', 'skipped', 'max_skipped_share')
   if h[2] ~= '1' or tonumber(h[3]) ~= 0 or h[1] ~= 'running' then return 0 end
   local expired, deleted = tonumber(h[4]), tonumber(h[5])
   local dead, skipped = tonumber(h[6]), tonumber(h[7])
@@ -78,11 +78,6 @@ local function finish(run, now)
       'max_skipped_share on the target')
   elseif dead > 0 then
     status = 'complete_with_failures'
-  end
-  if status ~= 'failed' and skipped <= share * expired and h[9] == '"""
-    + SKIPPED_SHARE_EXCEEDED
-    + """' then
-    redis.call('HDEL', run, 'reason', 'message')  -- a redrive settled what was skipped
   end
   redis.call('HSET', run, 'status', status, 'ended_at', now)
   return 1
