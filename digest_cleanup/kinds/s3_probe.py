@@ -196,6 +196,11 @@ class _MultipartUnavailable(Exception):
     """The endpoint would not create a multipart upload; that part of the probe is skipped."""
 
 
+def _unsupported(exc: StoreError) -> bool:
+    """A refusal that retrying cannot change; 501 NotImplemented maps as transient (5xx)."""
+    return isinstance(exc, PermanentError) or exc.code == "NotImplemented"
+
+
 class _Probe:
     """The probe objects of one run of the probe, and their removal."""
 
@@ -232,7 +237,9 @@ class _Probe:
         try:
             with self.mapped_errors():
                 upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)
-        except PermanentError as exc:
+        except StoreError as exc:
+            if not _unsupported(exc):
+                raise
             raise _MultipartUnavailable(f"{exc.code}: {exc.message}") from exc
         upload_id = upload["UploadId"]
         try:
@@ -246,10 +253,12 @@ class _Probe:
                     UploadId=upload_id,
                     MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
                 )
-        except StoreError:
+        except StoreError as exc:
             # An incomplete upload is billed until it is aborted.
             with contextlib.suppress(StoreError), self.mapped_errors():
                 self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            if _unsupported(exc):
+                raise _MultipartUnavailable(f"{exc.code}: {exc.message}") from exc
             raise
         etag = str(done["ETag"])
         self.written[key] = etag

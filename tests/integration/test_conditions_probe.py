@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import threading
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
@@ -22,7 +22,11 @@ from digest_cleanup.kinds.s3 import S3Kind, S3Options
 from digest_cleanup.kinds.s3_probe import NOT_HONOURED, PROBE_PREFIX
 from digest_cleanup.testing.faults import FaultProxy
 from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
-from digest_cleanup.testing.s3_messages import ACCESS_DENIED_BODY, fix_integrity_headers
+from digest_cleanup.testing.s3_messages import (
+    ACCESS_DENIED_BODY,
+    error_body,
+    fix_integrity_headers,
+)
 
 #: A multipart ETag condition in a DeleteObjects body, quoted either way.
 _MULTIPART_ETAG = re.compile(rb"<ETag>(&quot;|\")?[0-9a-fA-F]+-[0-9]+(&quot;|\")?</ETag>")
@@ -44,11 +48,13 @@ class Misbehaving(ReverseProxy):
         ignore_if_match: bool = False,
         ignore_multipart: bool = False,
         head_forbidden: bool = False,
+        refuse_multipart: bool = False,
     ) -> None:
         super().__init__(upstream_url)
         self.ignore_if_match = ignore_if_match
         self.ignore_multipart = ignore_multipart
         self.head_forbidden = head_forbidden
+        self.refuse_multipart = refuse_multipart
         self._lock = threading.Lock()
         #: (method, path) of every request, in order.
         self.seen: list[tuple[str, str]] = []
@@ -61,6 +67,10 @@ class Misbehaving(ReverseProxy):
         on_a_key = bool(path.lstrip("/").partition("/")[2])
         if request.command == "HEAD" and on_a_key and self.head_forbidden:
             request.reply(403, ACCESS_DENIED_BODY, [])
+            return
+        if self.refuse_multipart and "uploads" in parse_qs(urlsplit(request.path).query,
+                                                           keep_blank_values=True):  # fmt: skip
+            request.reply(501, error_body("NotImplemented", "multipart uploads"), [])
             return
         if request.command == "DELETE":
             condition = request.headers.get("If-Match", "")
@@ -182,4 +192,20 @@ def test_an_opted_out_target_is_warned_by_check_and_not_probed_at_run_start(weed
     assert checked["conditional deletes"].status == "warning", checked
     assert "NOT honoured" in checked["conditional deletes"].detail
     assert at_start == []
+    assert _everything(s3, bucket) == []
+
+
+def test_a_store_without_multipart_uploads_is_probed_on_plain_objects_only(weed, s3, bucket):
+    # Given a store that refuses to create multipart uploads
+    with Misbehaving(weed.endpoint_url, refuse_multipart=True) as server:
+        kind = _kind(server.endpoint_url, bucket)
+
+        # When the run-start probe runs
+        findings = _by_check(kind.probe_conditions())
+
+    # Then plain objects prove conditions, and the multipart part is a warning, not a refusal
+    assert findings["conditional deletes"].status == "ok", findings
+    assert findings["multipart ETags"].status == "warning", findings
+    assert "not probed" in findings["multipart ETags"].detail
+    assert not [f for f in findings.values() if f.status == "problem"]
     assert _everything(s3, bucket) == []
