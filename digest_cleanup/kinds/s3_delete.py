@@ -331,6 +331,9 @@ class Batch:
         self.done[index] = KeyResult(self.keys[index], outcome, code, message, retry_after)
 
     def fail(self, index: int, exc: StoreError) -> None:
+        if exc.code == BARE_NOT_FOUND:  # the whole request reached something that is not S3
+            self.set(index, Outcome.PERMANENT, NOT_FOUND_UNCONFIRMED, _unconfirmed(exc.message))
+            return
         outcome = Outcome.TRANSIENT if isinstance(exc, TransientError) else Outcome.PERMANENT
         self.set(index, outcome, exc.code, exc.message, exc.retry_after)
 
