@@ -156,10 +156,10 @@ def _unproven(runtime: Runtime, target: Target, kind: TargetKind) -> tuple[str, 
     details = "; ".join(f"{f.check}: {f.detail}" for f in problems)
     return (
         problems[0].code or UNPROVEN,
-        f"refused before listing, nothing deleted: targets.{target.name} sends each key's "
-        f"listed ETag with its delete, and the store did not prove it honours them "
-        f"({details}). Run 'digest-cleanup check {target.name}' after fixing it; the next "
-        "run probes again",
+        f"refused before listing, nothing deleted: targets.{target.name} deletes a key only "
+        f"on the condition its listing saw (S3: its ETag), and the store did not prove it "
+        f"honours such conditions ({details}). Run 'digest-cleanup check {target.name}' "
+        "after fixing it; the next run probes again",
     )
 
 
