@@ -164,14 +164,16 @@ class S3Kind(TargetKind):
     def server_time(self) -> datetime | None:
         """S3's clock: the last ``Date`` header, advanced by the time since it arrived.
 
-        ``Date`` has whole seconds and was sent before the answer travelled, so this
-        is up to about a second early: the safe side for a retention check.
+        ``Date`` has whole seconds, so S3's clock read somewhere in the second after it;
+        this is the end of that second.  A store whose clock is truly behind still pulls
+        the trusted now back, but its header's rounding alone never refuses a cutoff
+        that this host and Redis agree has passed.
         """
         seen = self._server_date
         if seen is None:
             return None
         date, at = seen
-        return date + timedelta(seconds=time.monotonic() - at)
+        return date + timedelta(seconds=1 + time.monotonic() - at)
 
     def condition_problem(self, condition: str) -> str | None:
         if self.all_versions or not self.options.conditional_deletes:

@@ -5,6 +5,10 @@ Deletes are conditional, so S3 itself makes the final check (see
 as an error; a key the answer does not account for is looked up again, never
 assumed gone.  A key that XML 1.0 cannot carry goes alone in a DeleteObject
 request, whose key travels in the URL.
+
+It is long because every way a delete can leave a key unconfirmed (a key the
+answer leaves out, a ``PreconditionFailed``, a bare 404, a 403 to a look) is
+settled here, in one place, by looking at the store.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ PRECONDITION_FAILED = "PreconditionFailed"
 BARE_NOT_FOUND = "404"
 #: A 404 no S3 error code confirms: the key is not counted gone (a permanent failure).
 NOT_FOUND_UNCONFIRMED = "not_found_unconfirmed"
+#: What S3 answers a HEAD of a missing key with when the caller lacks s3:ListBucket on
+#: the bucket as a whole (the deploy policy grants it per prefix only): 403, not 404.
+FORBIDDEN_CODES = frozenset({"403", "AccessDenied", "Forbidden"})
 #: A ``PreconditionFailed`` on an object that still has the listed ETag (permanent).
 CONDITION_MISMATCH = "condition_mismatch"
 
@@ -205,6 +212,8 @@ class Deletion:
         except PermanentError as exc:
             if exc.code in GONE_CODES:
                 return None
+            if exc.code in FORBIDDEN_CODES and "VersionId" not in ident:
+                return self._listed(key)
             if exc.code != BARE_NOT_FOUND:
                 raise
         try:
@@ -218,6 +227,19 @@ class Deletion:
             raise
         got.pop("Body").close()  # only its headers were wanted
         return got
+
+    def _listed(self, key: str) -> dict[str, Any] | None:
+        """Look ``key`` up by listing it: what a role allowed to list only its prefix can do.
+
+        A listing is S3's own answer, so a key it does not name is gone; one it names
+        comes with its ETag, as a HEAD would.
+        """
+        with mapped_errors():
+            page = self.client.list_objects_v2(Bucket=self.options.bucket, Prefix=key, MaxKeys=1)
+        found = page.get("Contents") or []
+        if found and found[0].get("Key") == key:
+            return dict(found[0])
+        return None
 
     def _resolve_missing_conditions(self, batch: Batch, cutoff: datetime) -> None:
         """Look up the ETag of a current-version key that came without one.

@@ -83,6 +83,8 @@ class FaultProxy(ReverseProxy):
     * ``not_found_keys`` - keys whose HEAD, GET and DeleteObject are answered with a
       bare 404 (no S3 error code) without being forwarded, as by a gateway or a
       wrong endpoint path that does not route them to S3.
+    * ``forbidden_keys`` - keys whose HEAD and GET are answered 403, as AWS answers a
+      caller without s3:ListBucket on the whole bucket for a key that is missing.
 
     The conditions probe a run makes at its start (keys under ``PROBE_PREFIX`` of
     :mod:`digest_cleanup.kinds.s3_probe`) is spared every fault but
@@ -124,6 +126,8 @@ class FaultProxy(ReverseProxy):
         #: See the class docstring; assign any collection of keys, read a frozenset.
         self.precondition_failed_keys: frozenset[str] = frozenset()
         self.not_found_keys: frozenset[str] = frozenset()
+        #: Keys whose HEAD and GET answer 403 (see the class docstring).
+        self.forbidden_keys: frozenset[str] = frozenset()
         #: Drop delete conditions before forwarding (see the class docstring).
         self.strip_conditions = False
         #: How to rewrite ListObjectsV2 answers (see the class docstring); none when empty.
@@ -196,6 +200,7 @@ class FaultProxy(ReverseProxy):
         self.deny_keys = frozenset()
         self.precondition_failed_keys = frozenset()
         self.not_found_keys = frozenset()
+        self.forbidden_keys = frozenset()
         self.strip_conditions = False
         self.deny_puts_under = ""
         self.listing_rewrites = frozenset()
@@ -354,6 +359,12 @@ class FaultProxy(ReverseProxy):
         _, _, key = unquote(urlsplit(request.path).path).lstrip("/").partition("/")
         if not key:
             return False  # a bucket-level request (a listing), never one key's
+        if key in self.forbidden_keys and request.command in ("HEAD", "GET"):
+            self._count_fault("forbidden")
+            body = b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+            xml = [("Content-Type", "application/xml")]
+            request.send(http.client.FORBIDDEN, "Forbidden", xml, body)
+            return True
         if key in self.not_found_keys:
             self._count_fault("bare_404")
             request.send(http.client.NOT_FOUND, "Not Found", [("Content-Type", "text/plain")],

@@ -111,3 +111,30 @@ def test_precondition_failed_on_an_object_with_its_listed_etag_is_condition_mism
     assert "conditional_deletes" in unchanged.message
     assert (rewritten.outcome, rewritten.code) == (Outcome.SKIPPED, CHANGED_SINCE_LISTING)
     assert list_keys(s3, bucket) == set(keys)
+
+
+def test_a_key_whose_look_is_forbidden_is_settled_by_listing_it(
+    s3: Any, bucket: str, proxy: FaultProxy
+) -> None:
+    # Given two expired keys whose deletes come back PreconditionFailed, and a store that
+    # answers 403 to any HEAD or GET of them (AWS does for a missing key when the role may
+    # list only its prefix, as the deploy policy grants); one is in fact gone already
+    keys = ["statements/gone.pdf", "statements/kept.pdf"]
+    put_keys(s3, bucket, keys)
+    kind = _kind(proxy.endpoint_url, bucket)
+    listed, conditions = _listed(kind)
+    s3.delete_object(Bucket=bucket, Key=keys[0])
+    proxy.precondition_failed_keys = frozenset(keys)
+    proxy.forbidden_keys = frozenset(keys)
+
+    # When the batch is deleted
+    results = {r.key: r for r in kind.delete(listed, LATER, conditions)}
+
+    # Then a listing of the key settles it: the gone one is deleted, and the one still
+    # there with its listed ETag is a condition mismatch, not a retry forever
+    assert results[keys[0]].outcome is Outcome.DELETED
+    assert (results[keys[1]].outcome, results[keys[1]].code) == (
+        Outcome.PERMANENT,
+        "condition_mismatch",
+    )
+    assert list_keys(s3, bucket) == {keys[1]}
