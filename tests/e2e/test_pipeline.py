@@ -179,10 +179,14 @@ def test_a_listing_interrupted_by_an_outage_is_retried(make_stack, s3, bucket, p
     # Given S3 is unreachable when the sweep starts
     cutoff = seed_split(s3, bucket, EXPIRED[:600], [])
     stack = make_stack(s3_targets(bucket), env={"CLEANUP_MAX_RETRIES": "20"})
-    stack.worker(concurrency=1)
-    proxy.down_for(3)
+    worker = stack.worker(concurrency=1)
+    proxy.down = True  # the run's conditions probe is spared; the sweep's listing is not
 
-    # When the run is waited for
+    # When the run starts, its sweep fails to list, and S3 comes back
+    started = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--json")
+    assert started.code == 0, started
+    wait_for(lambda: "retry_in=" in worker.output(), 60, "the sweep to retry its slice")
+    proxy.down = False
     result = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--wait", "--json")
 
     # Then the sweep retried its slice and the run completed; the error count started
