@@ -24,6 +24,8 @@ The order is what makes at-least-once delivery harmless:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from typing import Any
@@ -82,7 +84,7 @@ def process(runtime: Runtime, raw: Any, task_id: str) -> BatchReport:
         return _defer(runtime, payload, task_id, drawn.waited)
     try:
         # Read again after the wait: an abort stops every batch that has not yet sent.
-        ensure_running(store.run_status(payload.run_id), payload)
+        ensure_running(runtime, store.run_status(payload.run_id), payload)
     except RefusedBatch as refused:
         return _refuse(runtime, payload, refused, task_id, started)
     deliveries = store.count_delivery(payload.run_id, payload.claim)
@@ -187,6 +189,9 @@ def _refuse(
         and run is not None
         and run.fields.get("target") == payload.target
         and run.fields.get("token", "") == payload.run_token
+        # What the run listed under: a copy with another scope or cutoff is not its batch.
+        and run.fields.get("scope", payload.scope) == payload.scope
+        and run.fields.get("cutoff") == payload.cutoff
         and runtime.store.is_in_flight(payload.run_id, payload.batch_id)
         and runtime.store.is_published(payload)
     )
@@ -194,7 +199,10 @@ def _refuse(
     if current:
         return _dead_whole(runtime, payload, task_id, started, code, message, message)
     dead = {i: KeyResult(i, Outcome.PERMANENT, code, message) for i in payload.keys}
-    letter = make_entry(payload, dead, code, message)
+    # An id of its own: a message the run cannot vouch for never merges into a real entry.
+    digest = hashlib.sha256(json.dumps(payload.to_message(), sort_keys=True).encode())
+    own_id = f"dl-refused-{payload.batch_id}-{digest.hexdigest()[:12]}"
+    letter = make_entry(payload, dead, code, message, entry_id=own_id)
     entry_id = letter.entry_id
     runtime.dispatcher.send_dead_letter(letter)
     report = BatchReport(

@@ -50,14 +50,24 @@ def check_delivery(runtime: Runtime, payload: BatchPayload) -> TargetKind:
     return kind
 
 
-def ensure_running(run: Mapping[str, str], payload: BatchPayload) -> None:
+def ensure_running(
+    runtime: Runtime, run: Mapping[str, str], payload: BatchPayload, *, redriving: bool = False
+) -> None:
     """Refuse a batch of a run that has ended: aborted, failed or finished.
 
-    A redrive of a failed (not aborted) run's dead letters may still delete: the
-    operator asked for exactly those keys.  An aborted run deletes nothing more.
+    A redrive of an ended (not aborted) run's dead letters may still delete: the
+    operator asked for exactly those keys.  On delivery the store says whether the
+    batch was redriven, never the message's ``generation``; ``redriving`` is the
+    redrive's own check, before it moves an entry.  An aborted run deletes nothing more.
     """
     status, reason = run.get("status", ""), run.get("reason", "")
-    if status == "running" or (payload.generation > 0 and reason != "aborted"):
+    if status == "running":
+        return
+    if (
+        reason != "aborted"
+        and payload.generation > 0
+        and (redriving or runtime.store.is_redriven(payload.run_id, payload.batch_id))
+    ):
         return
     why = "was aborted" if reason == "aborted" else f"ended {status or 'unknown'}"
     raise RefusedBatch(
@@ -67,7 +77,9 @@ def ensure_running(run: Mapping[str, str], payload: BatchPayload) -> None:
     )
 
 
-def check_batch(runtime: Runtime, payload: BatchPayload, *, delivery: bool = False) -> TargetKind:
+def check_batch(
+    runtime: Runtime, payload: BatchPayload, *, delivery: bool = False, redriving: bool = False
+) -> TargetKind:
     """Return the kind for a batch that may be deleted, or raise :class:`RefusedBatch`.
 
     Every check reads this worker's own targets file and clock, never the
@@ -75,7 +87,8 @@ def check_batch(runtime: Runtime, payload: BatchPayload, *, delivery: bool = Fal
     redrives, duplicate deliveries), and a message can be forged.  A redrive runs
     the same checks before it moves an entry (see :mod:`digest_cleanup.pipeline.redrive`).
     With ``delivery``, an authentic message whose attempt is already recorded raises
-    :class:`AlreadyRecorded` before the run's status is looked at.
+    :class:`AlreadyRecorded` before the run's status is looked at; ``redriving`` is a
+    redrive's check before it moves an entry (see :func:`ensure_running`).
     """
     try:
         target = runtime.target(payload.target)
@@ -113,7 +126,7 @@ def check_batch(runtime: Runtime, payload: BatchPayload, *, delivery: bool = Fal
     _check_published(runtime, payload)
     if delivery and runtime.store.is_recorded(payload.run_id, payload.claim):
         raise AlreadyRecorded(payload.claim)
-    ensure_running(run, payload)
+    ensure_running(runtime, run, payload, redriving=redriving)
     for condition in payload.conditions or [""] * len(payload.keys):
         problem = kind.condition_problem(condition)
         if problem is not None:

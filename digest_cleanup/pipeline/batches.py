@@ -71,8 +71,15 @@ class BatchPayload:
 
     @property
     def claim(self) -> str:
-        """The key that makes recording this attempt happen once."""
-        return f"{self.batch_id}/g{self.generation}/a{self.attempt}"
+        """The key that makes recording this attempt happen once.
+
+        A redrive's names the entry it came from: two entries of one batch (dead-lettered
+        by different attempts) are redriven as the same generation, and must not take
+        each other for a duplicate.
+        """
+        claim = f"{self.batch_id}/g{self.generation}/a{self.attempt}"
+        origin = self.dead_letter.get("entry_id") if self.generation else None
+        return f"{claim}/{origin}" if isinstance(origin, str) and origin else claim
 
     def subset(self, keys: Sequence[str], **changes: Any) -> BatchPayload:
         """The same batch for some of its keys, each keeping its own condition."""
@@ -144,8 +151,24 @@ class BatchPayload:
             for name, typ in (("run_id", str), ("target", str), ("batch_id", str), ("cutoff", str)):
                 if not isinstance(getattr(payload, name), typ) or not getattr(payload, name):
                     raise TypeError(f"{name} must be a non-empty string")
-            if not isinstance(payload.attempt, int) or not isinstance(payload.generation, int):
-                raise TypeError("attempt and generation must be whole numbers")
+            if not keys:
+                raise TypeError("a batch holds at least one key")
+            whole = (payload.attempt, payload.generation, payload.seq)
+            if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in whole):
+                raise TypeError("attempt, generation and seq must be whole numbers")
+            if not isinstance(payload.published_at, int | float) or isinstance(
+                payload.published_at, bool
+            ):
+                raise TypeError("published_at must be a number")
+            if not isinstance(payload.first_failure_at, str):
+                raise TypeError("first_failure_at must be a string")
+            if not isinstance(payload.failures, dict) or not all(
+                isinstance(v, list) and all(isinstance(x, str) for x in v)
+                for v in payload.failures.values()
+            ):
+                raise TypeError("failures must map keys to [code, message]")
+            if not isinstance(payload.dead_letter, dict):
+                raise TypeError("dead_letter must be an object")
             conditions = payload.conditions
             if not isinstance(conditions, list) or not all(isinstance(c, str) for c in conditions):
                 raise TypeError("conditions must be a list of strings")

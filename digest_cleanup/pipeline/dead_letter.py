@@ -94,7 +94,13 @@ class Entry:
 
     @property
     def key_count(self) -> int:
-        """Keys the entry stands for (a poison entry keeps fewer than it counts)."""
+        """Keys the entry stands for (a poison entry keeps fewer than it counts).
+
+        A batch entry counts the keys it holds, never a number its message states: a
+        forged count must not move the run's counters when it is redriven.
+        """
+        if self.payload is not None:
+            return len(self.payload.keys)
         count = self.info.get("item_count", len(self.keys))
         return count if isinstance(count, int) and count >= 0 else len(self.keys)
 
@@ -143,15 +149,24 @@ class Entry:
 
 
 def make_entry(
-    payload: BatchPayload, dead: Mapping[str, KeyResult], reason: str, message: str = ""
+    payload: BatchPayload,
+    dead: Mapping[str, KeyResult],
+    reason: str,
+    message: str = "",
+    *,
+    entry_id: str = "",
 ) -> DeadLetter:
-    """The dead-letter entry for the failed keys of one attempt: a ready-made redrive."""
+    """The dead-letter entry for the failed keys of one attempt: a ready-made redrive.
+
+    ``entry_id`` defaults to the attempt's own (``dl-BATCH-gGaA``); a message the run
+    never published gets one of its own, so it never merges into a real entry.
+    """
     now = now_iso("seconds")
     errors = {key: [r.code, r.message[:500]] for key, r in dead.items()}
     if not message:
         counts = Counter(r.code for r in dead.values())
         message = ", ".join(f"{code} x{n}" for code, n in counts.most_common())
-    entry_id = f"dl-{payload.batch_id}-g{payload.generation}a{payload.attempt}"
+    entry_id = entry_id or f"dl-{payload.batch_id}-g{payload.generation}a{payload.attempt}"
     entry = payload.subset(
         list(dead),
         attempt=0,

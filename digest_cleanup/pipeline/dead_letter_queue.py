@@ -250,6 +250,8 @@ class DeadLetterQueue:
                 self.work_queue,
                 self.runs.run_key(entry.run_id),
                 self.runs.run_key(entry.run_id, "pending"),
+                self.runs.run_key(entry.run_id, "redriven"),
+                self.runs.run_key(entry.run_id, "chains"),
             ],
             args=[
                 entry.id,

@@ -104,7 +104,8 @@ end
 REDRIVE_LUA = (
     TAKE_LUA
     + """
-local entries, order, copies, stats, digests, by_run, by_target, work, run, pending = unpack(KEYS)
+local entries, order, copies, stats, digests, by_run, by_target = unpack(KEYS)
+local work, run, pending, redriven, chains = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local id, n, now_epoch, batch, now = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 local exchange, routing_key = ARGV[6], ARGV[7]
 local raw = take(entries, order, copies, stats, digests, by_run, by_target, id, n)
@@ -118,9 +119,12 @@ redis.call('LPUSH', work, cjson.encode(msg))
 if n > 0 and redis.call('EXISTS', run) == 1 then
   redis.call('HINCRBY', run, 'redriven', n)
   redis.call('HINCRBY', run, 'dead_lettered', -n)
+  -- A redrive is one more chain of attempts in flight for its batch (see RunStore.record).
   redis.call('HINCRBY', run, 'inflight', 1)
-  redis.call('HSET', run, 'last_redrive_at', now)
+  redis.call('HINCRBY', chains, batch, 1)
   redis.call('ZADD', pending, now_epoch, batch)
+  redis.call('SADD', redriven, batch)
+  redis.call('HSET', run, 'last_redrive_at', now)
   if redis.call('HGET', run, 'status') == 'failed' then
     -- A failed run never listed everything: its dead letters are deleted, but it
     -- stays failed, and says so, until a new run lists what it missed.

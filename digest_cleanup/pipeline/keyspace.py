@@ -25,6 +25,8 @@ RUN_KEY_SUFFIXES = (
     "sweep_lease",
     "progress",
     "published",
+    "redriven",
+    "chains",
 )
 
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from digest_cleanup.clock import epoch_of, now_iso
 from digest_cleanup.config.targets import Target
+from digest_cleanup.errors import ConfigError
 from digest_cleanup.kinds import Finding, TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.pipeline import audit
@@ -80,11 +81,9 @@ def start(
     whoever asks for it (the CLI, beat, or a trigger sent through Flower's API).
     """
     store = runtime.store
-    # By the earliest of this host's, Redis's clock (see pipeline.trusted_clock): a fast
-    # clock here must not let a cutoff inside retention through.
-    target.check_cutoff(cutoff, now=trusted_now(store, target=target.name))
-    run_id = run_id_for(target.name, cutoff, dry_run=dry_run)
     kind = target.make_kind(runtime.settings)
+    _check_cutoff(runtime, target, kind, cutoff)
+    run_id = run_id_for(target.name, cutoff, dry_run=dry_run)
     fields = _run_fields(target, kind, cutoff, dry_run=dry_run, force=force, trigger=trigger)
     status = store.open(run_id, fields)
     if status in FINAL_STATUSES and status != "failed":
@@ -171,6 +170,20 @@ def _refuse(runtime: Runtime, run_id: str, refusal: tuple[str, str]) -> Started:
               status="failed", action="refused", reason=reason)  # fmt: skip
     finish_run(runtime, run_id)
     return Started(run_id, "refused", "failed")
+
+
+def _check_cutoff(runtime: Runtime, target: Target, fresh: TargetKind, cutoff: datetime) -> None:
+    """Refuse a cutoff inside retention by the earliest trusted clock.
+
+    The earliest of this host's, Redis's and, once this process has heard from it,
+    the store's clock (see :mod:`~digest_cleanup.pipeline.trusted_clock`): a fast
+    clock here must not let a cutoff inside retention through.
+    """
+    try:
+        kind = runtime.kind(target.name)  # this process's own: it may have seen the store
+    except ConfigError:
+        kind = fresh
+    target.check_cutoff(cutoff, now=trusted_now(runtime.store, kind, target=target.name))
 
 
 def _run_fields(

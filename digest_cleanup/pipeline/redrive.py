@@ -58,7 +58,7 @@ def refusal(runtime: Runtime, entry: Entry) -> Refusal | None:
             "the message never decoded as a batch; inspect it with 'dlq show' and purge it",
         )
     try:
-        check_batch(runtime, entry.payload)
+        check_batch(runtime, entry.payload, redriving=True)
     except RefusedBatch as refused:
         return Refusal(entry.id, refused.code, refused.message)
     except ConfigError as exc:  # a kind that cannot be built here, such as a missing DSN

@@ -77,11 +77,23 @@ redis.call('RPUSH', KEYS[9], ARGV[4] .. ' ' .. h[1] .. ' ' .. done)
 redis.call('LTRIM', KEYS[9], -tonumber(ARGV[5]), -1)
 local ttl = redis.call('TTL', run)
 if ttl > 0 then redis.call('EXPIRE', KEYS[9], ttl) end
+-- A batch is in flight once per chain of attempts: the sweep's, and one per redrive
+-- (KEYS[10] counts them).  A chain ends once: a second terminal attempt of it (a
+-- redelivery that overlapped its own retry, or a forgery) moves nothing more.
 if r.terminal then
-  redis.call('HINCRBY', run, 'inflight', -1)
-  if r.first_generation then redis.call('HINCRBY', run, 'batches_done', 1) end
-  redis.call('ZREM', pending, r.batch_id)
-  if finish(run, ARGV[3]) == 1 then return 'finished' end
+  local chains, left = KEYS[10], -1
+  if redis.call('HEXISTS', chains, r.batch_id) == 1 then
+    left = redis.call('HINCRBY', chains, r.batch_id, -1)
+    if left < 0 then redis.call('HSET', chains, r.batch_id, 0) end
+  elseif redis.call('ZSCORE', pending, r.batch_id) then
+    left = 0  -- a run from before chains were counted: one chain per batch
+  end
+  if left >= 0 then
+    redis.call('HINCRBY', run, 'inflight', -1)
+    if r.first_generation then redis.call('HINCRBY', run, 'batches_done', 1) end
+    if left == 0 then redis.call('ZREM', pending, r.batch_id) end
+    if finish(run, ARGV[3]) == 1 then return 'finished' end
+  end
 end
 return 'recorded'
 """
@@ -91,7 +103,11 @@ _ABORT_LUA = """
 local run = KEYS[1]
 if redis.call('EXISTS', run) == 0 then return 'missing' end
 local status = redis.call('HGET', run, 'status')
-if status ~= 'running' then return status end
+-- A failed run still deletes what an operator redrives; aborting it stops that too.
+local reason = redis.call('HGET', run, 'reason')
+if status ~= 'running' and not (status == 'failed' and reason ~= 'aborted') then
+  return status
+end
 redis.call('HSET', run, 'status', 'failed', 'reason', 'aborted', 'message', ARGV[1],
            'ended_at', ARGV[2], 'sweep_done', 1)
 redis.call('DEL', KEYS[2])
@@ -218,6 +234,7 @@ class RunStore(SweepState, TargetState):
                 self.run_key(run_id, "retried_codes"),
                 self.run_key(run_id, "skipped_keys"),
                 self.run_key(run_id, "progress"),
+                self.run_key(run_id, "chains"),
             ],
             args=[rec.claim, json.dumps(payload), now_iso(), round(time.time(), 3),
                   PROGRESS_SAMPLES],
@@ -252,6 +269,9 @@ class RunStore(SweepState, TargetState):
     def abort(self, run_id: str, message: str) -> str:
         """End a running run as ``failed`` (``aborted``), taking its sweep lease away.
 
+        A run already ``failed`` for another reason is marked ``aborted`` too, so the
+        dead letters an operator redrives into it are refused from then on.
+
         Returns ``aborted``, ``missing``, or the status of a run that was not running
         (which is left as it was).  Batches still in flight are recorded as usual
         but cannot reopen it; the run's next trigger starts it over.
@@ -274,6 +294,10 @@ class RunStore(SweepState, TargetState):
     def is_recorded(self, run_id: str, claim: str) -> bool:
         """True when an attempt with this claim has already been recorded."""
         return bool(self.redis.sismember(self.run_key(run_id, "claims"), claim))
+
+    def is_redriven(self, run_id: str, batch_id: str) -> bool:
+        """True when an operator redrove a dead letter of ``batch_id`` in this run."""
+        return bool(self.redis.sismember(self.run_key(run_id, "redriven"), batch_id))
 
     def is_in_flight(self, run_id: str, batch_id: str) -> bool:
         """True when the sweep published ``batch_id`` for this run and it has not ended."""

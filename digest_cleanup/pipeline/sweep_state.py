@@ -41,6 +41,7 @@ redis.call('HSET', run, 'sweep_errors', 0)
 for i = 7, #ARGV, 2 do
   if redis.call('HSETNX', published, ARGV[i], ARGV[i + 1]) == 1 then
     redis.call('HINCRBY', run, 'inflight', 1)
+    redis.call('HSET', KEYS[6], ARGV[i], 1)
     redis.call('ZADD', KEYS[3], ARGV[3], ARGV[i])
   end
 end
@@ -127,6 +128,7 @@ class SweepState(Keyspace):
                 self.run_key(run_id, "pending"),
                 self.run_key(run_id, "sweep_lease"),
                 self.run_key(run_id, "published"),
+                self.run_key(run_id, "chains"),
             ],
             args=[
                 json.dumps(checkpoint),
