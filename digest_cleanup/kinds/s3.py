@@ -17,8 +17,8 @@ Deletes are conditional, so S3 itself makes the final check:
 * a version key names exactly one immutable version by its id, which needs a
   bucket with versioning *enabled* (elsewhere the ``null`` version is rewritten in
   place, so ``versions = "all"`` refuses such a bucket);
-* a key without an ETag (a batch from before conditions existed) is looked up
-  first, and deleted on the ETag found only if it is older than the cutoff.
+* a key without an ETag is refused before it reaches S3 (``bad_condition``, see
+  :meth:`S3Kind.condition_problem`), unless the target sends none at all.
 
 Every key sent must come back as deleted or as an error.  A key the answer does
 not account for is looked up again, never assumed gone.  A key that XML 1.0
