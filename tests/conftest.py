@@ -28,7 +28,7 @@ from digest_cleanup.testing.servers import (
     required_weed,
     s3_client,
 )
-from digest_cleanup.testing.stack import Stack
+from digest_cleanup.testing.stack import Stack, wait_for
 
 
 @pytest.fixture(scope="session")
@@ -173,3 +173,38 @@ def make_stack(tmp_path: Path, redis_url: str, proxy: FaultProxy) -> Iterator[Ca
     yield make
     for stack in stacks:
         stack.stop()
+
+
+def run_status(stack: Stack, run_id: str) -> dict[str, Any]:
+    """``status RUN --json`` of a run, whatever its status."""
+    result = stack.cli("status", run_id, "--json")
+    assert result.code in (0, 1, 3), result
+    return dict(result.json())
+
+
+def finished_run(stack: Stack, run_id: str) -> dict[str, Any]:
+    """The run's status once it is finalised (its report written or pending)."""
+    return dict(
+        wait_for(
+            lambda: (s := run_status(stack, run_id)).get("finalized_at") and s,
+            90,
+            f"run {run_id} to finish",
+        )
+    )
+
+
+def dlq_entries(stack: Stack) -> list[dict[str, Any]]:
+    """Every dead-letter entry, as ``dlq list --json`` shows them."""
+    result = stack.cli("dlq", "list", "--json")
+    assert result.code == 0, result
+    return list(result.json()["entries"])
+
+
+def sweep_only(stack: Stack, redis_client: Any, cutoff: datetime, batches: int) -> str:
+    """Start a run with only a sweep worker, and wait until its batches wait in the queue."""
+    sweeper = stack.worker(queues="sweeps", concurrency=1)
+    started = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--json")
+    assert started.code == 0, started
+    wait_for(lambda: redis_client.llen("batches") == batches, 60, f"{batches} queued batches")
+    sweeper.stop()
+    return str(started.json()["run_id"])

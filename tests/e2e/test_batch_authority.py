@@ -8,7 +8,7 @@ write access to the broker, or a fleet with a stale targets file, would.
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,45 +19,17 @@ from digest_cleanup.pipeline.batches import BatchPayload
 from digest_cleanup.testing.stack import Stack, wait_for
 from digest_cleanup.testing.tools import require, require_tool
 from digest_cleanup.worker.app import create_app
+from tests.conftest import dlq_entries as _entries
+from tests.conftest import finished_run as _finished
 from tests.conftest import list_keys, put_keys, s3_targets, scope_of, seed_split
+from tests.conftest import run_status as _status
+from tests.conftest import sweep_only as _sweep_only
 
 pytestmark = pytest.mark.e2e
 
 EXPIRED = [f"statements/2026-10-18/cust-{i:06d}.pdf" for i in range(500)]
 FRESH = [f"statements/2026-10-25/cust-{i:06d}.pdf" for i in range(100)]
 REWRITTEN = b"%PDF-1.7 re-rendered after the listing"
-
-
-def _status(stack: Stack, run_id: str) -> dict[str, Any]:
-    result = stack.cli("status", run_id, "--json")
-    assert result.code in (0, 1, 3), result
-    return dict(result.json())
-
-
-def _finished(stack: Stack, run_id: str) -> dict[str, Any]:
-    return dict(
-        wait_for(
-            lambda: (s := _status(stack, run_id)).get("finalized_at") and s,
-            90,
-            f"run {run_id} to finish",
-        )
-    )
-
-
-def _entries(stack: Stack) -> list[dict[str, Any]]:
-    result = stack.cli("dlq", "list", "--json")
-    assert result.code == 0, result
-    return list(result.json()["entries"])
-
-
-def _sweep_only(stack: Stack, redis_client: Any, cutoff: datetime, batches: int) -> str:
-    """Start a run with only a sweep worker, and wait until its batches wait in the queue."""
-    sweeper = stack.worker(queues="sweeps", concurrency=1)
-    started = stack.cli("run", "statements", "--cutoff", cutoff.isoformat(), "--json")
-    assert started.code == 0, started
-    wait_for(lambda: redis_client.llen("batches") == batches, 60, f"{batches} queued batches")
-    sweeper.stop()
-    return str(started.json()["run_id"])
 
 
 def _send(stack: Stack, payload: BatchPayload) -> None:
