@@ -29,9 +29,9 @@ from typing import Any
 
 from benchmarks.dead_letters import update as update_section
 from digest_cleanup.config.settings import Settings
+from digest_cleanup.model.batches import BatchPayload, entry_digests, unpublished_keys
 from digest_cleanup.pipeline import trusted_clock
 from digest_cleanup.pipeline.batch_checks import check_delivery
-from digest_cleanup.pipeline.batches import BatchPayload, entry_digests, unpublished_keys
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.servers import RedisServer, WeedServer, s3_client
 

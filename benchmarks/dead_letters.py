@@ -1,7 +1,7 @@
 """The dead-letter queue at depth: one entry's operations with 10 and with 50,000 entries.
 
 Showing, redriving and purging one entry, and listing one run's entries, must
-cost the same however many entries wait (see :mod:`digest_cleanup.pipeline.dead_letter_queue`).
+cost the same however many entries wait (see :mod:`digest_cleanup.store.dead_letters`).
 This fills a dedicated Redis with N entries, as workers publish them (Celery
 messages on the dead-letter queue, absorbed into the index by the first read),
 then times each operation on one entry, at each depth, in the same invocation.
@@ -22,13 +22,13 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from digest_cleanup.app import create_app
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import KeyResult, Outcome
-from digest_cleanup.pipeline.batches import BatchPayload
-from digest_cleanup.pipeline.dead_letter import make_entry
+from digest_cleanup.model.batches import BatchPayload
+from digest_cleanup.model.dead_letters import make_entry
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.servers import RedisServer
-from digest_cleanup.worker.app import create_app
 
 #: Queue depths compared: a handful, and far past a bad week.
 DEPTHS = (10, 50_000)

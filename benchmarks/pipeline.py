@@ -36,15 +36,15 @@ from urllib.parse import urlsplit
 import redis
 
 from benchmarks.environment import affinity, children, client_ports, cpu_seconds, memory_kib
+from digest_cleanup.app import create_app
 from digest_cleanup.clock import epoch_of
 from digest_cleanup.config.settings import Settings
+from digest_cleanup.model.run_view import FINAL_STATUSES
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
-from digest_cleanup.pipeline.run_record import FINAL_STATUSES
-from digest_cleanup.pipeline.runs import RunStore
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.store.runs import RunStore
 from digest_cleanup.testing.stack import Process, Stack
-from digest_cleanup.worker.app import create_app
 
 #: Seconds between samples of the run and the queue while the sweep publishes.
 SAMPLE_SECONDS = 0.1

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from digest_cleanup import broker
 from digest_cleanup.kinds import Finding
-from digest_cleanup.worker import broker
 
 if TYPE_CHECKING:
     from digest_cleanup.cli.context import Context

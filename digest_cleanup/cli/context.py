@@ -11,10 +11,10 @@ from typing import Any
 
 import redis
 
+from digest_cleanup.broker import eviction_problem, safe_url
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import CleanupError, ConfigError, UsageError
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.worker.broker import eviction_problem, safe_url
 
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 STATUS_EXIT = {"complete": EXIT_OK, "complete_with_failures": EXIT_FAILURES, "failed": EXIT_FAILED}
@@ -35,7 +35,7 @@ class Context:
     def sending_runtime(self) -> Runtime:
         """The runtime, with the Celery app built so that it can send (``run`` does)."""
         if self._app is None:
-            from digest_cleanup.worker.app import create_app
+            from digest_cleanup.app import create_app
 
             self._app = create_app(runtime=self.runtime)
         return self.runtime

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from digest_cleanup.cli.context import Command, print_json
 from digest_cleanup.errors import UsageError
-from digest_cleanup.pipeline.dead_letter import ENTRY_FIELDS, Entry
-from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
+from digest_cleanup.model.dead_letters import ENTRY_FIELDS, Entry
+from digest_cleanup.store.dead_letters import DeadLetterQueue
 
 if TYPE_CHECKING:
     from digest_cleanup.cli.context import Context
@@ -101,7 +101,7 @@ def cmd_show(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_redrive(args: argparse.Namespace, ctx: Context) -> int:
     """Move the selected entries back; exit 1 when any was refused (it stays, with why)."""
-    from digest_cleanup.pipeline.dlq_actions import redrive_entries
+    from digest_cleanup.ops.dead_letter_actions import redrive_entries
 
     dlq = _queue(ctx)
     result = redrive_entries(ctx.runtime, _select(args, dlq), dry_run=args.dry_run)
@@ -122,7 +122,7 @@ def cmd_redrive(args: argparse.Namespace, ctx: Context) -> int:
 def cmd_purge(args: argparse.Namespace, ctx: Context) -> int:
     if not args.yes:
         raise UsageError("dlq purge drops entries for good; add --yes to confirm")
-    from digest_cleanup.pipeline.dlq_actions import purge_entries
+    from digest_cleanup.ops.dead_letter_actions import purge_entries
 
     dlq = _queue(ctx)
     command = "digest-cleanup " + shlex.join(sys.argv[1:])

@@ -35,7 +35,7 @@ def cmd_metrics(args: argparse.Namespace, ctx: Context) -> int:
         raise UsageError(
             "digest-cleanup metrics needs prometheus-client: pip install 'digest-cleanup[metrics]'"
         ) from None
-    from digest_cleanup.pipeline.metrics import RunStateCollector, snapshot
+    from digest_cleanup.ops.metrics import RunStateCollector, snapshot
 
     targets = ctx.runtime.targets  # a bad targets file fails now, not at the first scrape
     collector = RunStateCollector(ctx.runtime)

@@ -1,6 +1,6 @@
 """``digest-cleanup plan``: delete slots and workers for a window, from measured service times.
 
-The arithmetic is :mod:`digest_cleanup.pipeline.capacity`; this module reads the batch
+The arithmetic is :mod:`digest_cleanup.ops.capacity`; this module reads the batch
 timings recent runs left in the run store and prints the plan.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from digest_cleanup.cli.context import EXIT_OK, print_json
 from digest_cleanup.config.targets import DEFAULT_BATCH_SIZE
 from digest_cleanup.errors import UsageError
-from digest_cleanup.pipeline.capacity import (
+from digest_cleanup.ops.capacity import (
     DEFAULT_PER_WORKER,
     DEFAULT_UTILIZATION,
     Plan,

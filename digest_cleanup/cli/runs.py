@@ -112,7 +112,7 @@ def _rate(rate: float) -> str:
 
 
 def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
-    from digest_cleanup.pipeline import progress
+    from digest_cleanup.ops import progress
     from digest_cleanup.pipeline.lifecycle import start
 
     target = ctx.runtime.target(args.target)
@@ -144,7 +144,7 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
-    from digest_cleanup.pipeline import progress
+    from digest_cleanup.ops import progress
 
     ctx.ping()
     run = ctx.runtime.store.get(args.run_id)
@@ -160,9 +160,9 @@ def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_abort(args: argparse.Namespace, ctx: Context) -> int:
     """Fail a running run on purpose; its next trigger lists the target afresh."""
+    from digest_cleanup.audit import reports as audit
     from digest_cleanup.clock import now_iso
-    from digest_cleanup.pipeline import audit
-    from digest_cleanup.pipeline.dead_letter import who
+    from digest_cleanup.model.dead_letters import who
     from digest_cleanup.pipeline.lifecycle import finish_run
 
     if not args.yes:

@@ -21,9 +21,9 @@ from digest_cleanup.console import pages, views
 from digest_cleanup.console.auth import CHALLENGE, User, Users
 from digest_cleanup.errors import CleanupError, DeadLetterError, RunStateError
 from digest_cleanup.logs import Scrubber
-from digest_cleanup.pipeline.dead_letter import ENTRY_FIELDS, Entry
-from digest_cleanup.pipeline.dlq_actions import purge_entries, redrive_entries
-from digest_cleanup.pipeline.run_record import COUNTERS
+from digest_cleanup.model.dead_letters import ENTRY_FIELDS, Entry
+from digest_cleanup.model.run_view import COUNTERS
+from digest_cleanup.ops.dead_letter_actions import purge_entries, redrive_entries
 from digest_cleanup.pipeline.runtime import Runtime
 
 #: Runs the runs page lists, newest first.

@@ -2,7 +2,7 @@
 
 Kept apart from the handlers so that the figures (the accounting check, the
 rate, the chart's points) are tested without a server, and so that each page
-shows a run exactly as the CLI counts it (:func:`~digest_cleanup.pipeline.progress.numbers`).
+shows a run exactly as the CLI counts it (:func:`~digest_cleanup.ops.progress.numbers`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from digest_cleanup.pipeline.budget import BudgetState
-from digest_cleanup.pipeline.progress import RATE_WINDOW_SECONDS, Rate, numbers
-from digest_cleanup.pipeline.run_record import RunView
+from digest_cleanup.model.run_view import RunView
+from digest_cleanup.ops.progress import RATE_WINDOW_SECONDS, Rate, numbers
+from digest_cleanup.store.budget import BudgetState
 
 #: Not-deleted keys shown on one page of a run's page.
 KEYS_PER_PAGE = 100

@@ -150,7 +150,7 @@ class TargetKind(ABC):
     #: The most keys one :meth:`delete` call accepts.
     max_batch_size: ClassVar[int] = 1000
     #: Per-key codes that mean the store is pushing back on the request rate: each lowers
-    #: the target's shared delete budget (see :mod:`digest_cleanup.pipeline.budget`).
+    #: the target's shared delete budget (see :mod:`digest_cleanup.store.budget`).
     throttle_codes: ClassVar[frozenset[str]] = frozenset()
 
     def group(self, key: str) -> str:

@@ -1,13 +1,13 @@
 """What a batch must pass before anything in it is deleted.
 
 The worker runs these checks on every delivery, and a redrive runs the same
-ones before it moves an entry back (see :mod:`digest_cleanup.pipeline.redrive`),
+ones before it moves an entry back (see :mod:`digest_cleanup.ops.redrive_checks`),
 so a redrive is refused for exactly what a delivery would be refused for.
 
 The message carries no authority of its own.  What a batch may delete is what
 the run store says its sweep published: the batch id must be one the run put
 in flight, and every key with its condition must be one of that batch's
-published digest (:func:`~digest_cleanup.pipeline.batches.entry_digests`).  A
+published digest (:func:`~digest_cleanup.model.batches.entry_digests`).  A
 message that fails that is refused whole, dead-lettered with its own reason,
 and counted in no run (:data:`UNACCOUNTED`): it is not the run's to count.
 """
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from digest_cleanup.errors import CutoffError, RefusedBatch, TargetsFileError
 from digest_cleanup.kinds import TargetKind
-from digest_cleanup.pipeline.batches import BatchPayload, unpublished_keys
+from digest_cleanup.model.batches import BatchPayload, unpublished_keys
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.trusted_clock import trusted_now
 
@@ -85,7 +85,7 @@ def check_batch(
     Every check reads this worker's own targets file and clock, never the
     message's word: a batch outlives the configuration that listed it (retries,
     redrives, duplicate deliveries), and a message can be forged.  A redrive runs
-    the same checks before it moves an entry (see :mod:`digest_cleanup.pipeline.redrive`).
+    the same checks before it moves an entry (see :mod:`digest_cleanup.ops.redrive_checks`).
     With ``delivery``, an authentic message whose attempt is already recorded raises
     :class:`AlreadyRecorded` before the run's status is looked at; ``redriving`` is a
     redrive's check before it moves an entry (see :func:`ensure_running`).

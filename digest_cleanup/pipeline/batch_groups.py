@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 
 from digest_cleanup.kinds import TargetKind
-from digest_cleanup.pipeline.checkpoint import Expired
+from digest_cleanup.model.checkpoint import Expired
 
 
 def cut_batches(

@@ -7,7 +7,7 @@ conditions (the probe of ``digest-cleanup check``), and is refused otherwise.  I
 :func:`finish_run`: the audit report, the target's last success, the log line.
 
 The report (a summary, plus one line for every key that was not deleted and
-why) goes to the audit location, see :mod:`digest_cleanup.pipeline.audit`.  It is the
+why) goes to the audit location, see :mod:`digest_cleanup.audit.reports`.  It is the
 durable record: Redis state ages out, and a Redis restart may lose it sooner.
 """
 
@@ -19,13 +19,13 @@ import time
 from datetime import datetime
 from typing import Any, Literal
 
+from digest_cleanup.audit import reports as audit
 from digest_cleanup.clock import epoch_of, now_iso
 from digest_cleanup.config.targets import Target
 from digest_cleanup.errors import ConfigError
 from digest_cleanup.kinds import Finding, TargetKind
 from digest_cleanup.logs import log_event
-from digest_cleanup.pipeline import audit
-from digest_cleanup.pipeline.run_record import FINAL_STATUSES
+from digest_cleanup.model.run_view import FINAL_STATUSES
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.trusted_clock import trusted_now
 

@@ -3,7 +3,7 @@
 The pipeline never imports Celery.  Every message it sends (a batch, a batch's
 retry, a dead letter, a sweep slice) goes through the :class:`Dispatcher` its
 :class:`~digest_cleanup.pipeline.runtime.Runtime` carries.  The worker wiring
-implements it on Celery (:mod:`digest_cleanup.worker.dispatch`); tests use
+implements it on Celery (:mod:`digest_cleanup.tasks.dispatch`); tests use
 :class:`digest_cleanup.testing.dispatcher.RecordingDispatcher`.
 
 The queue names live here, below everything that needs them, so nothing reaches
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from digest_cleanup.pipeline.batches import BatchPayload
-from digest_cleanup.pipeline.dead_letter import DeadLetter
+from digest_cleanup.model.batches import BatchPayload
+from digest_cleanup.model.dead_letters import DeadLetter
 
 #: Queue of sweep slices and beat triggers.
 SWEEP_QUEUE = "sweeps"

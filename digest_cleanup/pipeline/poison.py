@@ -13,8 +13,8 @@ from typing import Any
 
 from digest_cleanup.errors import PoisonMessage
 from digest_cleanup.logs import log_event
-from digest_cleanup.pipeline.batches import BatchReport
-from digest_cleanup.pipeline.dead_letter import make_poison_entry
+from digest_cleanup.model.batches import BatchReport
+from digest_cleanup.model.dead_letters import make_poison_entry
 from digest_cleanup.pipeline.runtime import Runtime
 
 logger = logging.getLogger("digest_cleanup.batch")

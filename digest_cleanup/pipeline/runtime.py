@@ -21,10 +21,10 @@ from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import Target, Targets, load_targets
 from digest_cleanup.errors import ConfigError
 from digest_cleanup.kinds import TargetKind
-from digest_cleanup.pipeline.budget import BudgetState, DeleteBudget
-from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, Dispatcher
-from digest_cleanup.pipeline.runs import RunStore
+from digest_cleanup.store.budget import BudgetState, DeleteBudget
+from digest_cleanup.store.dead_letters import DeadLetterQueue
+from digest_cleanup.store.runs import RunStore
 
 logger = logging.getLogger("digest_cleanup.runtime")
 
@@ -80,7 +80,7 @@ class Runtime:
         if self._dispatcher is None:
             raise RuntimeError(
                 "this runtime cannot send messages: build it with a dispatcher "
-                "(digest_cleanup.worker.app.create_app installs the Celery one)"
+                "(digest_cleanup.app.create_app installs the Celery one)"
             )
         return self._dispatcher
 

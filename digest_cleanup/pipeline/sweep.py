@@ -3,7 +3,7 @@
 A sweep runs in *slices* of at most :data:`SLICE_SECONDS` (or a third of the
 visibility timeout), each one a short task that sends the next.  No task
 outlives the visibility timeout, a killed sweep resumes from its checkpoint
-(:mod:`~digest_cleanup.pipeline.checkpoint`), and a lease keeps two copies of
+(:mod:`~digest_cleanup.model.checkpoint`), and a lease keeps two copies of
 a slice from sweeping at once.
 
 Before it sends anything, the sweep counts expired keys (the *guard pass*)
@@ -32,8 +32,8 @@ from digest_cleanup.config.targets import Target
 from digest_cleanup.errors import CutoffError, PermanentError, RunStateError, StoreError
 from digest_cleanup.kinds import TargetKind
 from digest_cleanup.logs import log_event
-from digest_cleanup.pipeline.batches import backoff
-from digest_cleanup.pipeline.checkpoint import Checkpoint
+from digest_cleanup.model.batches import backoff
+from digest_cleanup.model.checkpoint import Checkpoint
 from digest_cleanup.pipeline.lifecycle import finish_run
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep_phases import Fenced, Slice, SliceResult, guard_pass, publish

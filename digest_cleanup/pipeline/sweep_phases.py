@@ -3,7 +3,7 @@
 :mod:`digest_cleanup.pipeline.sweep` runs a slice; this module is what a slice
 does.  The guard pass counts (and stages) the expired keys; publishing drains
 the stage, refilling it from a second listing when the run was too big to stage
-whole.  Every step checkpoints (:mod:`~digest_cleanup.pipeline.checkpoint`)
+whole.  Every step checkpoints (:mod:`~digest_cleanup.model.checkpoint`)
 through the run store, which fences off a slice that lost its lease.
 """
 
@@ -20,13 +20,13 @@ from digest_cleanup.config.targets import Target
 from digest_cleanup.errors import RunStateError
 from digest_cleanup.kinds import Page, TargetKind
 from digest_cleanup.logs import log_event
+from digest_cleanup.model.batches import BatchPayload, batch_id, entry_digests
+from digest_cleanup.model.checkpoint import Checkpoint, Expired, Stage
 from digest_cleanup.pipeline.batch_groups import cut_batches
-from digest_cleanup.pipeline.batches import BatchPayload, batch_id, entry_digests
-from digest_cleanup.pipeline.checkpoint import Checkpoint, Expired, Stage
 from digest_cleanup.pipeline.lifecycle import finish_run
-from digest_cleanup.pipeline.runs import RunStore
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.pipeline.sweep_state import StageFenced
+from digest_cleanup.store.runs import RunStore
+from digest_cleanup.store.sweeps import StageFenced
 
 logger = logging.getLogger("digest_cleanup.sweep")
 
@@ -96,7 +96,7 @@ class Slice:
         """Checkpoint; raise :class:`Fenced` if another slice holds the lease now.
 
         ``new_batches`` maps the batch ids this checkpoint puts in flight to their
-        published digests (:func:`~digest_cleanup.pipeline.batches.entry_digests`).
+        published digests (:func:`~digest_cleanup.model.batches.entry_digests`).
         """
         result = self.store.save_checkpoint(
             self.run_id,

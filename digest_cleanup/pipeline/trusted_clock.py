@@ -25,7 +25,7 @@ import redis
 
 from digest_cleanup.clock import utcnow
 from digest_cleanup.kinds import TargetKind
-from digest_cleanup.pipeline.keyspace import Keyspace, as_text
+from digest_cleanup.store.keys import Keyspace, as_text
 
 logger = logging.getLogger("digest_cleanup.clock")
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from digest_cleanup.pipeline.batches import BatchPayload
-from digest_cleanup.pipeline.dead_letter import DeadLetter
+from digest_cleanup.model.batches import BatchPayload
+from digest_cleanup.model.dead_letters import DeadLetter
 from digest_cleanup.pipeline.runtime import Runtime
 
 

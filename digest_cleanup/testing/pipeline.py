@@ -37,14 +37,14 @@ import celery
 from celery.contrib.testing.worker import TestWorkController, test_worker_started
 from kombu.asynchronous import get_event_loop, set_event_loop
 
+from digest_cleanup.app import create_app
 from digest_cleanup.clock import utcnow
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import Targets, parse_targets
+from digest_cleanup.ops.progress import wait
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
-from digest_cleanup.pipeline.progress import wait
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.worker.app import create_app
 
 #: Seconds a run may take before :func:`run_pipeline` gives up waiting.
 DEFAULT_TIMEOUT = 120.0

@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.pipeline.batches import BatchRecord
-from digest_cleanup.pipeline.metrics import RunStateCollector
+from digest_cleanup.model.batches import BatchRecord
+from digest_cleanup.ops.metrics import RunStateCollector
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.tools import require_tool
 

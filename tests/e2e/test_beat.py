@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from digest_cleanup.pipeline.lifecycle import run_id_for
-from digest_cleanup.pipeline.runs import RunStore
+from digest_cleanup.store.runs import RunStore
 from digest_cleanup.testing.stack import Process, Stack, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -183,9 +183,9 @@ def test_a_redelivered_trigger_still_starts_the_run_it_claimed(make_stack, bucke
 
 
 def _send_trigger(stack: Stack, task_id: str) -> None:
+    from digest_cleanup.app import create_app
     from digest_cleanup.config.settings import Settings
     from digest_cleanup.pipeline.messaging import SWEEP_QUEUE
-    from digest_cleanup.worker.app import create_app
 
     app = create_app(Settings.from_env(stack.env))
     app.send_task(
@@ -201,10 +201,10 @@ def _schedule_file_last_run(stack: Stack, path: Path, last_run_at: datetime) -> 
     """Write, with Celery's own scheduler, a schedule file whose entries last ran then."""
     from celery.beat import PersistentScheduler
 
+    from digest_cleanup.app import create_app
+    from digest_cleanup.beat_schedule import build_schedule
     from digest_cleanup.config.settings import Settings
     from digest_cleanup.config.targets import load_targets
-    from digest_cleanup.worker.app import create_app
-    from digest_cleanup.worker.beat_schedule import build_schedule
 
     settings = Settings.from_env(stack.env)
     targets = load_targets(settings.targets_file)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.pipeline.runs import RunStore
+from digest_cleanup.store.runs import RunStore
 from digest_cleanup.testing.stack import Stack, wait_for
 from tests.conftest import list_keys, put_keys, s3_targets, seed_split
 

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import redis
 
+from digest_cleanup.app import create_app
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.pipeline.batches import BatchPayload
-from digest_cleanup.pipeline.redrive import redrive
+from digest_cleanup.model.batches import BatchPayload
+from digest_cleanup.ops.redrive_checks import redrive
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.stack import Stack, wait_for
-from digest_cleanup.worker.app import create_app
 from tests.conftest import list_keys, s3_targets, scope_of, seed_split
 
 pytestmark = pytest.mark.e2e

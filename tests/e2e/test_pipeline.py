@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import redis
 
-from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.model.batches import BatchPayload
 from digest_cleanup.testing.stack import wait_for
 from tests.conftest import list_keys, s3_targets, seed_split
 
@@ -151,8 +151,8 @@ def test_duplicate_batch_delivery_is_counted_once(make_stack, s3, bucket, redis_
 
 
 def _send(stack: Any, payload: BatchPayload) -> None:
+    from digest_cleanup.app import create_app
     from digest_cleanup.config.settings import Settings
-    from digest_cleanup.worker.app import create_app
 
     app = create_app(Settings.from_env(stack.env))
     app.send_task("digest_cleanup.delete_batch", kwargs=payload.to_message(), queue="batches")

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 
+from digest_cleanup.app import create_app
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.faults import FaultProxy
@@ -26,7 +27,6 @@ from digest_cleanup.testing.servers import (
 )
 from digest_cleanup.testing.stack import Stack
 from digest_cleanup.testing.tools import install_line
-from digest_cleanup.worker.app import create_app
 from tests.conftest import REPO_ROOT, list_keys, s3_targets, seed_split
 
 pytestmark = pytest.mark.e2e

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from digest_cleanup.pipeline.budget import BURST_SECONDS, DECREASE_FACTOR, DeleteBudget
-from digest_cleanup.pipeline.run_record import RunView
-from digest_cleanup.pipeline.runs import RunStore
+from digest_cleanup.model.run_view import RunView
+from digest_cleanup.store.budget import BURST_SECONDS, DECREASE_FACTOR, DeleteBudget
+from digest_cleanup.store.runs import RunStore
 from digest_cleanup.testing.aws_model import Arrival, AwsModel
 from digest_cleanup.testing.seed import create_bucket, digest_layout_keys, seed_keys
 from digest_cleanup.testing.servers import WeedServer

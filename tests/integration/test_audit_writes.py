@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from digest_cleanup.audit import reports as audit
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.pipeline import audit
 from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
 from digest_cleanup.testing.servers import WeedServer
 from tests.conftest import list_keys

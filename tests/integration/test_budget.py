@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from digest_cleanup.kinds import KeyResult, Outcome
-from digest_cleanup.pipeline.budget import (
+from digest_cleanup.store.budget import (
     BURST_SECONDS,
     DECREASE_FACTOR,
     FLOOR_SHARE,

@@ -18,7 +18,7 @@ from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import TransientError
 from digest_cleanup.kinds import s3_shards
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
-from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.model.batches import BatchPayload
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import sweep_slice

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import redis
 
-from digest_cleanup.pipeline.run_record import RunView
-from digest_cleanup.pipeline.runs import RunStore
+from digest_cleanup.model.run_view import RunView
+from digest_cleanup.store.runs import RunStore
 from digest_cleanup.testing.faults import FaultProxy
 from digest_cleanup.testing.seed import create_bucket, digest_layout_keys, seed_keys
 from digest_cleanup.testing.servers import WeedServer

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from digest_cleanup.pipeline.runs import RunStore
+from digest_cleanup.store.runs import RunStore
 from digest_cleanup.testing.stack import Process
 from tests.conftest import s3_targets
 from tests.reliability.conftest import (

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.model.batches import BatchPayload
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE
 from digest_cleanup.testing.stack import Stack, wait_for
 from tests.conftest import s3_targets

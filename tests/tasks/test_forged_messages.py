@@ -17,20 +17,20 @@ from typing import Any
 
 import pytest
 
+from digest_cleanup.app import create_app
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.kinds import Outcome
-from digest_cleanup.pipeline import redrive
-from digest_cleanup.pipeline.attempts import process
-from digest_cleanup.pipeline.batches import BatchPayload, BatchRecord
-from digest_cleanup.pipeline.dead_letter import DeadLetter
+from digest_cleanup.model.batches import BatchPayload, BatchRecord
+from digest_cleanup.model.dead_letters import DeadLetter
+from digest_cleanup.ops import redrive_checks as redrive
+from digest_cleanup.pipeline.batch import process
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import sweep_slice
+from digest_cleanup.tasks.dispatch import CeleryDispatcher
 from digest_cleanup.testing import memory
 from digest_cleanup.testing.dispatcher import RecordingDispatcher, recording
-from digest_cleanup.worker.app import create_app
-from digest_cleanup.worker.dispatch import CeleryDispatcher
 
 CUTOFF = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
 OLD = CUTOFF - timedelta(days=1)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from digest_cleanup.cli import main
-from digest_cleanup.pipeline.batches import BatchRecord
-from digest_cleanup.pipeline.runs import RunStore
+from digest_cleanup.model.batches import BatchRecord
+from digest_cleanup.store.runs import RunStore
 
 TARGETS = """
 [targets.statements]

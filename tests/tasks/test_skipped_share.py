@@ -10,10 +10,10 @@ import pytest
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.kinds import CHANGED_SINCE_LISTING, Outcome
-from digest_cleanup.pipeline.attempts import process
-from digest_cleanup.pipeline.batches import BatchPayload
+from digest_cleanup.model.batches import BatchPayload
+from digest_cleanup.model.run_view import FINISH_LUA, RunView
+from digest_cleanup.pipeline.batch import process
 from digest_cleanup.pipeline.lifecycle import start
-from digest_cleanup.pipeline.run_record import FINISH_LUA, RunView
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import sweep_slice
 from digest_cleanup.testing import memory

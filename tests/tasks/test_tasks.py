@@ -14,17 +14,17 @@ from typing import Any
 import pytest
 import redis
 
+from digest_cleanup.app import create_app
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.kinds import Outcome
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.tasks.dispatch import CeleryDispatcher
 from digest_cleanup.testing import memory
 from digest_cleanup.testing.dispatcher import RecordingDispatcher
 from digest_cleanup.testing.servers import RedisServer
 from digest_cleanup.testing.stack import wait_for
-from digest_cleanup.worker.app import create_app
-from digest_cleanup.worker.dispatch import CeleryDispatcher
 
 CUTOFF = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
 OLD = CUTOFF - timedelta(days=3)
@@ -83,7 +83,7 @@ def celery_worker_parameters() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def celery_includes() -> list[str]:
-    return ["digest_cleanup.worker.tasks.sweep", "digest_cleanup.worker.tasks.batch"]
+    return ["digest_cleanup.tasks.sweep", "digest_cleanup.tasks.batch"]
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PoisonMessage
 from digest_cleanup.kinds import KeyResult, Outcome
-from digest_cleanup.pipeline.batches import BatchPayload, backoff, decide
+from digest_cleanup.model.batches import BatchPayload, backoff, decide
 
 KEYS = [f"statements/2026-11-22/cust-{i:07d}.pdf" for i in range(500)]
 

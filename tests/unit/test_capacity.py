@@ -6,7 +6,7 @@ import pytest
 
 from digest_cleanup.cli import build_parser, main
 from digest_cleanup.errors import UsageError
-from digest_cleanup.pipeline.capacity import (
+from digest_cleanup.ops.capacity import (
     NoMeasurements,
     ServiceTimes,
     parse_duration,

@@ -165,7 +165,7 @@ def test_workers_default_to_the_threads_pool_and_prefork_can_be_asked_for():
 
 
 def test_a_plain_worker_is_the_fast_layout_and_an_asked_for_pool_holds():
-    from digest_cleanup.worker.app import create_app
+    from digest_cleanup.app import create_app
 
     plain = create_app(Settings.from_env({})).conf
     assert (plain.worker_pool, plain.worker_concurrency) == ("threads", 64)

@@ -10,7 +10,7 @@ from digest_cleanup.config.settings import Settings
 from digest_cleanup.console.auth import NOT_SET, Users, parse_basic
 from digest_cleanup.console.views import accounting, chart, page_of
 from digest_cleanup.errors import ConfigError, SettingsError
-from digest_cleanup.pipeline.run_record import RunView
+from digest_cleanup.model.run_view import RunView
 
 
 def _basic(user: str, password: str) -> str:
@@ -103,9 +103,9 @@ class _App:
 
 @pytest.mark.parametrize("url", [None, "https://ops.example/cleanup/"])
 def test_a_dead_letters_flower_label_links_to_its_console_page_when_the_url_is_set(url):
-    from digest_cleanup.pipeline.dead_letter import DeadLetter
+    from digest_cleanup.model.dead_letters import DeadLetter
     from digest_cleanup.pipeline.runtime import Runtime
-    from digest_cleanup.worker.dispatch import CeleryDispatcher
+    from digest_cleanup.tasks.dispatch import CeleryDispatcher
 
     env = {"CLEANUP_CONSOLE_URL": url} if url else {}
     app = _App()

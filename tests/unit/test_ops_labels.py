@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from digest_cleanup.pipeline.batches import BatchPayload, batch_total
+from digest_cleanup.model.batches import BatchPayload, batch_total
 
 KEYS = [f"statements/2026-11-22/cust-{i:07d}.pdf" for i in range(500)]
 

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from digest_cleanup.pipeline.progress import Rate, numbers, plain_view
-from digest_cleanup.pipeline.run_record import RunView
+from digest_cleanup.model.run_view import RunView
+from digest_cleanup.ops.progress import Rate, numbers, plain_view
 
 
 def iso(seconds_ago: float) -> str:

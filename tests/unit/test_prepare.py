@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from celery.concurrency import prefork, thread
 
+from digest_cleanup.app import _prepare_in_main_process
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import load_targets
 from digest_cleanup.kinds import s3
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.worker.app import _prepare_in_main_process
 
 TARGETS = """
 [targets.statements]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from digest_cleanup.pipeline.runs import RunStore
-from digest_cleanup.pipeline.sweep_state import StageFenced
+from digest_cleanup.store.runs import RunStore
+from digest_cleanup.store.sweeps import StageFenced
 
 RUN = "statements-20261129T0300Z"
 

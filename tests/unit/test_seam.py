@@ -20,28 +20,15 @@ from digest_cleanup.kinds import BUILTIN_KINDS
 
 PACKAGE = Path(digest_cleanup.__file__).parent
 
-#: The modules that must serve every kind alike.
+#: The modules that must serve every kind alike: every layer between the kinds and the edges.
+_LAYERS = ("model", "store", "pipeline", "ops", "tasks")
 PIPELINE_MODULES = (
-    "pipeline/sweep.py",
-    "pipeline/attempts.py",
-    "pipeline/batches.py",
-    "pipeline/dead_letter.py",
-    "pipeline/dead_letter_queue.py",
-    "pipeline/checkpoint.py",
-    "pipeline/batch_checks.py",
-    "pipeline/sweep_phases.py",
-    "pipeline/messaging.py",
-    "pipeline/runs.py",
-    "pipeline/keyspace.py",
-    "pipeline/run_record.py",
-    "pipeline/sweep_state.py",
-    "pipeline/target_state.py",
-    "pipeline/lifecycle.py",
-    "pipeline/runtime.py",
-    "pipeline/progress.py",
-    "worker/tasks/base.py",
-    "worker/tasks/batch.py",
-    "worker/tasks/sweep.py",
+    *sorted(
+        str(p.relative_to(PACKAGE)) for layer in _LAYERS for p in (PACKAGE / layer).rglob("*.py")
+    ),
+    "app.py",
+    "beat_schedule.py",
+    "broker.py",
 )
 #: Store client libraries, each allowed in its kind's modules only: exactly these.
 STORE_LIBRARIES = {
@@ -146,7 +133,7 @@ def test_pipeline_imports_and_registers_its_tasks_without_any_store_library() ->
             "import importlib, sys",
             f"for name in {blocked!r}: sys.modules[name] = None",
             f"for name in {modules!r}: importlib.import_module(name)",
-            "from digest_cleanup.worker.app import create_app",
+            "from digest_cleanup.app import create_app",
             "from digest_cleanup.config.settings import Settings",
             "app = create_app(Settings())",
             "app.loader.import_default_modules()",

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from digest_cleanup.model.checkpoint import Stage
 from digest_cleanup.pipeline import sweep_phases
-from digest_cleanup.pipeline.checkpoint import Stage
 
 
 class VersionedKind:

@@ -2,9 +2,9 @@
 
 The CLI (``dlq redrive``, ``dlq purge``) and the console both act through these
 two functions, so a click in the browser moves, refuses and audits exactly what
-the same command would: the dry run asks :func:`~digest_cleanup.pipeline.redrive.refusal`
+the same command would: the dry run asks :func:`~digest_cleanup.ops.redrive_checks.refusal`
 for every entry, the real one goes through
-:func:`~digest_cleanup.pipeline.redrive.redrive`, and a purge leaves its audit
+:func:`~digest_cleanup.ops.redrive_checks.redrive`, and a purge leaves its audit
 records in Redis and at the audit location.
 """
 
@@ -14,9 +14,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from digest_cleanup.audit import reports as audit
 from digest_cleanup.clock import now_iso
-from digest_cleanup.pipeline import audit, redrive
-from digest_cleanup.pipeline.dead_letter import Entry
+from digest_cleanup.model.dead_letters import Entry
+from digest_cleanup.ops import redrive_checks as redrive
 from digest_cleanup.pipeline.runtime import Runtime
 
 

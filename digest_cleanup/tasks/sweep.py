@@ -15,8 +15,8 @@ from digest_cleanup.config.targets import CATCH_UP_WINDOW
 from digest_cleanup.errors import CutoffError
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.sweep import on_slice_error, sweep_slice
-from digest_cleanup.worker.dispatch import SWEEP_TASK, TRIGGER_TASK
-from digest_cleanup.worker.tasks.base import CleanupTask
+from digest_cleanup.tasks.base import CleanupTask
+from digest_cleanup.tasks.dispatch import SWEEP_TASK, TRIGGER_TASK
 
 #: How long a beat's lock on a slot is kept: past the catch-up window.
 SLOT_LOCK_SECONDS = int(CATCH_UP_WINDOW.total_seconds()) + 86_400

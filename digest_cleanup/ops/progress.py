@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import TextIO
 
 from digest_cleanup.clock import epoch_of
-from digest_cleanup.pipeline.run_record import RunView
-from digest_cleanup.pipeline.runs import RunStore
+from digest_cleanup.model.run_view import RunView
+from digest_cleanup.store.runs import RunStore
 
 #: Seconds between polls of the run store.
 POLL_SECONDS = 0.5

@@ -1,6 +1,6 @@
 """The Lua of the dead-letter queue's transitions, one script per transition.
 
-Only :class:`~digest_cleanup.pipeline.dead_letter_queue.DeadLetterQueue`
+Only :class:`~digest_cleanup.store.dead_letters.DeadLetterQueue`
 registers and runs them: each moves one entry, or one batch of arriving
 messages, atomically, so no entry is ever in two places or in none.
 """

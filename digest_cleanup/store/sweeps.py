@@ -5,7 +5,7 @@ only the lease's holder can write, saves how far the listing got together with
 the counters the sweep owns (see :mod:`digest_cleanup.pipeline.sweep`).  The
 stage is fenced the same way: a slice that lost the lease appends and trims
 nothing.  The checkpoint that puts a batch in flight also keeps the batch's
-*published digest* (:func:`~digest_cleanup.pipeline.batches.entry_digests`): what
+*published digest* (:func:`~digest_cleanup.model.batches.entry_digests`): what
 a worker may delete for that batch id, whatever a message says.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 import redis
 
 from digest_cleanup.clock import now_iso
-from digest_cleanup.pipeline.keyspace import Keyspace, as_text, release
-from digest_cleanup.pipeline.run_record import FINISH_LUA
+from digest_cleanup.model.run_view import FINISH_LUA
+from digest_cleanup.store.keys import Keyspace, as_text, release
 
 _CHECKPOINT_LUA = (
     FINISH_LUA

@@ -1,7 +1,7 @@
 """The dead-letter queue: batches that still failed, waiting for an operator.
 
 Redis has no native dead-lettering, so an entry (see
-:mod:`digest_cleanup.pipeline.dead_letter`) is an ordinary Celery message
+:mod:`digest_cleanup.model.dead_letters`) is an ordinary Celery message
 published to a queue no worker consumes.
 
 Workers only publish.  Every reader first *absorbs* what arrived: each message
@@ -40,16 +40,16 @@ from typing import Any
 
 from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import DeadLetterError
-from digest_cleanup.pipeline.dead_letter import Entry, decode_entry, keys_digest, who
-from digest_cleanup.pipeline.dead_letter_scripts import (
+from digest_cleanup.model.dead_letters import Entry, decode_entry, keys_digest, who
+from digest_cleanup.store.dead_letter_scripts import (
     ABSORB_INDEXED_LUA,
     ABSORB_LUA,
     MERGE_LUA,
     PURGE_LUA,
     REDRIVE_LUA,
 )
-from digest_cleanup.pipeline.keyspace import as_text
-from digest_cleanup.pipeline.runs import RunStore
+from digest_cleanup.store.keys import as_text
+from digest_cleanup.store.runs import RunStore
 
 logger = logging.getLogger("digest_cleanup.dead_letter")
 
@@ -240,7 +240,7 @@ class DeadLetterQueue:
     def redrive_one(self, entry: Entry) -> bool:
         """Move one entry back onto the work queue; False when it was no longer there.
 
-        Callers check first that it may go (see :mod:`digest_cleanup.pipeline.redrive`).
+        Callers check first that it may go (see :mod:`digest_cleanup.ops.redrive_checks`).
         """
         if entry.payload is None:
             raise DeadLetterError(f"{entry.id} is a poison entry and cannot be redriven")

@@ -6,7 +6,7 @@
 * :class:`BatchRecord`: what the run store records of the attempt, once;
 * :class:`BatchReport`: the small summary the task returns and logs.
 
-A dead-lettered attempt becomes a :class:`~digest_cleanup.pipeline.dead_letter.DeadLetter`,
+A dead-lettered attempt becomes a :class:`~digest_cleanup.model.dead_letters.DeadLetter`,
 whose body is the next :class:`BatchPayload`.
 
 A batch carries up to ``batch_size`` keys, compressed by their common prefix

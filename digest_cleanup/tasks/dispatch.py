@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from digest_cleanup.pipeline.batches import BatchPayload, batch_total
-from digest_cleanup.pipeline.dead_letter import DeadLetter, index_headers
+from digest_cleanup.model.batches import BatchPayload, batch_total
+from digest_cleanup.model.dead_letters import DeadLetter, index_headers
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
 from digest_cleanup.pipeline.runtime import Runtime
 

@@ -22,10 +22,10 @@ import dataclasses
 from collections.abc import Iterable
 
 from digest_cleanup.errors import ConfigError, RefusedBatch
+from digest_cleanup.model.dead_letters import Entry
 from digest_cleanup.pipeline.batch_checks import check_batch
-from digest_cleanup.pipeline.dead_letter import Entry
-from digest_cleanup.pipeline.dead_letter_queue import DeadLetterQueue
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.store.dead_letters import DeadLetterQueue
 
 
 @dataclasses.dataclass(frozen=True)

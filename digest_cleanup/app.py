@@ -9,19 +9,19 @@ from typing import Any
 from celery import Celery, signals
 from kombu.entity import Queue
 
+from digest_cleanup import broker
 from digest_cleanup.config.settings import DEFAULT_WORKER_THREADS, Settings
 from digest_cleanup.config.targets import Targets
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.worker import broker
-from digest_cleanup.worker.dispatch import BATCH_TASK, SWEEP_TASK, TRIGGER_TASK, CeleryDispatcher
+from digest_cleanup.tasks.dispatch import BATCH_TASK, SWEEP_TASK, TRIGGER_TASK, CeleryDispatcher
 
 #: Seconds between kombu's scans for unacknowledged messages past their
 #: visibility timeout.  The default (10 s, and a scan on only every 10th tick)
 #: leaves a killed worker's batch waiting ~100 s longer than it must.
 UNACKED_RESTORE_INTERVAL = 5
 
-TASKS = ("digest_cleanup.worker.tasks.sweep", "digest_cleanup.worker.tasks.batch")
+TASKS = ("digest_cleanup.tasks.sweep", "digest_cleanup.tasks.batch")
 
 
 def create_app(

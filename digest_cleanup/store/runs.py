@@ -9,9 +9,9 @@ in-flight count to zero decides the final status, so exactly one caller sees
 
 :class:`RunStore` is the one object the pipeline uses: the run and its
 transitions here, the sweep's lease and checkpoint in
-:mod:`~digest_cleanup.pipeline.sweep_state`, each target's state in
-:mod:`~digest_cleanup.pipeline.target_state`, and the fields and final
-statuses of a run's record in :mod:`~digest_cleanup.pipeline.run_record`.
+:mod:`~digest_cleanup.store.sweeps`, each target's state in
+:mod:`~digest_cleanup.store.target_records`, and the fields and final
+statuses of a run's record in :mod:`~digest_cleanup.model.run_view`.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ import redis
 
 from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import RunStateError
-from digest_cleanup.pipeline.batches import BatchPayload, BatchRecord, unpublished_keys
-from digest_cleanup.pipeline.keyspace import RUN_KEY_SUFFIXES, RUN_TTL_SECONDS, as_text
-from digest_cleanup.pipeline.run_record import (
+from digest_cleanup.model.batches import BatchPayload, BatchRecord, unpublished_keys
+from digest_cleanup.model.run_view import (
     COUNTERS,
     FINISH_LUA,
     RunView,
 )
-from digest_cleanup.pipeline.sweep_state import SweepState
-from digest_cleanup.pipeline.target_state import LATENCY_BUCKETS, TargetState
+from digest_cleanup.store.keys import RUN_KEY_SUFFIXES, RUN_TTL_SECONDS, as_text
+from digest_cleanup.store.sweeps import SweepState
+from digest_cleanup.store.target_records import LATENCY_BUCKETS, TargetState
 
 _OPEN_LUA = """
 local run = KEYS[1]

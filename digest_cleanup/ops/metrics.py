@@ -29,11 +29,11 @@ from prometheus_client.metrics_core import (
 
 from digest_cleanup.clock import epoch_of
 from digest_cleanup.config.targets import DEFAULT_MAX_SKIPPED_SHARE
-from digest_cleanup.pipeline.budget import BudgetState
-from digest_cleanup.pipeline.run_record import RunView
+from digest_cleanup.model.run_view import RunView
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.pipeline.target_state import LATENCY_BUCKETS
 from digest_cleanup.pipeline.trusted_clock import recorded_skews
+from digest_cleanup.store.budget import BudgetState
+from digest_cleanup.store.target_records import LATENCY_BUCKETS
 
 logger = logging.getLogger("digest_cleanup.metrics")
 
@@ -256,7 +256,7 @@ _BUDGET_SERIES = (
 
 
 def _add_budget(fams: _Families, target: str, budget: BudgetState | None) -> None:
-    """The target's shared delete budget (see :mod:`digest_cleanup.pipeline.budget`); a
+    """The target's shared delete budget (see :mod:`digest_cleanup.store.budget`); a
     target without one adds no series, but the families exist."""
     for name, kind, doc, field in _BUDGET_SERIES:
         family = (fams.gauge if kind == "gauge" else fams.counter)(

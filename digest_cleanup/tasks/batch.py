@@ -8,10 +8,10 @@ import redis
 from celery import shared_task
 from celery.exceptions import Reject, Retry
 
-from digest_cleanup.pipeline.attempts import give_up, process
-from digest_cleanup.pipeline.batches import backoff
-from digest_cleanup.worker.dispatch import BATCH_TASK
-from digest_cleanup.worker.tasks.base import CleanupTask, DeadLettered
+from digest_cleanup.model.batches import backoff
+from digest_cleanup.pipeline.batch import give_up, process
+from digest_cleanup.tasks.base import CleanupTask, DeadLettered
+from digest_cleanup.tasks.dispatch import BATCH_TASK
 
 
 @shared_task(bind=True, base=CleanupTask, name=BATCH_TASK, max_retries=None)

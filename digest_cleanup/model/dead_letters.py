@@ -4,7 +4,7 @@ An entry is an ordinary Celery message for ``digest_cleanup.delete_batch`` whose
 body is already the *redrive* of the failed keys (next generation, first
 attempt), plus a ``dead_letter`` section saying why.  A message that never
 decoded as a batch becomes a *poison* entry: kept small, and not redrivable.
-The queue that holds them is :mod:`digest_cleanup.pipeline.dead_letter_queue`.
+The queue that holds them is :mod:`digest_cleanup.store.dead_letters`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from digest_cleanup.clock import now_iso
 from digest_cleanup.kinds import KeyResult
-from digest_cleanup.pipeline.batches import MAX_KEY_LENGTH, MAX_MESSAGE_KEYS, BatchPayload
+from digest_cleanup.model.batches import MAX_KEY_LENGTH, MAX_MESSAGE_KEYS, BatchPayload
 
 #: Characters of a poison message's keys kept in its entry; past them the rest are
 #: counted, not stored.  A genuine batch is at most 1,000 keys of 1,024 characters, so

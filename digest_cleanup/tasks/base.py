@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from celery import Task
 
+from digest_cleanup.app import runtime_of
 from digest_cleanup.errors import CleanupError
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.worker.app import runtime_of
 
 
 class DeadLettered(CleanupError):

@@ -3,7 +3,7 @@ and the scope whose conditions probe last passed.
 
 These keys outlive any one run.  A run's scripts write the latency histogram,
 the timings and the latest run id under the names given here (see
-:mod:`digest_cleanup.pipeline.runs`).
+:mod:`digest_cleanup.store.runs`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from digest_cleanup.clock import now_iso
-from digest_cleanup.pipeline.keyspace import Keyspace, as_text, release
+from digest_cleanup.store.keys import Keyspace, as_text, release
 
 #: Upper bounds (seconds) of the enqueue-to-acknowledgement latency histogram.
 LATENCY_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)

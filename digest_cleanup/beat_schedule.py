@@ -14,7 +14,7 @@ from celery import signals
 
 from digest_cleanup.config.targets import Targets
 from digest_cleanup.pipeline.messaging import SWEEP_QUEUE
-from digest_cleanup.worker.dispatch import TRIGGER_TASK
+from digest_cleanup.tasks.dispatch import TRIGGER_TASK
 
 #: A trigger still queued this long after its slot is stale; the next beat
 #: start or slot covers it, so it is dropped rather than run late.

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 import redis
 
 from digest_cleanup.kinds import KeyResult
-from digest_cleanup.pipeline.keyspace import Keyspace, as_text
+from digest_cleanup.store.keys import Keyspace, as_text
 
 #: Seconds of budget one moment may spend at once: a little over one 500-key batch at
 #: 3,300 keys/s, well inside the second of burst S3 is reported to absorb.

@@ -10,7 +10,7 @@ The order is what makes at-least-once delivery harmless:
    inside the retention window by the earliest trusted clock) is dead-lettered
    whole, with every key and condition, and can be redriven.
 2. Wait for the keys' share of the target's delete budget (see
-   :mod:`~digest_cleanup.pipeline.budget`).  A wait is neither a retry nor a
+   :mod:`~digest_cleanup.store.budget`).  A wait is neither a retry nor a
    delivery; one longer than a held message may wait is handed back as a copy
    with a short countdown (``deferred``).  After the wait the run's status is
    read again, so an ``abort`` stops every batch that has not yet sent.
@@ -34,13 +34,7 @@ from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import PoisonMessage, RefusedBatch
 from digest_cleanup.kinds import KeyResult, Outcome
 from digest_cleanup.logs import log_event
-from digest_cleanup.pipeline.batch_checks import (
-    UNACCOUNTED,
-    AlreadyRecorded,
-    check_delivery,
-    ensure_running,
-)
-from digest_cleanup.pipeline.batches import (
+from digest_cleanup.model.batches import (
     BatchPayload,
     BatchRecord,
     BatchReport,
@@ -48,10 +42,16 @@ from digest_cleanup.pipeline.batches import (
     backoff,
     decide,
 )
-from digest_cleanup.pipeline.budget import DEFER_SECONDS, longest_wait
-from digest_cleanup.pipeline.dead_letter import make_entry
+from digest_cleanup.model.dead_letters import make_entry
+from digest_cleanup.pipeline.batch_checks import (
+    UNACCOUNTED,
+    AlreadyRecorded,
+    check_delivery,
+    ensure_running,
+)
 from digest_cleanup.pipeline.poison import poison_batch
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.store.budget import DEFER_SECONDS, longest_wait
 
 logger = logging.getLogger("digest_cleanup.batch")
 
