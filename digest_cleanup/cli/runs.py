@@ -160,7 +160,7 @@ def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_abort(args: argparse.Namespace, ctx: Context) -> int:
     """Fail a running run on purpose; its next trigger lists the target afresh."""
-    from digest_cleanup.audit import reports as audit
+    from digest_cleanup.audit import reports
     from digest_cleanup.clock import now_iso
     from digest_cleanup.model.dead_letters import who
     from digest_cleanup.pipeline.lifecycle import finish_run
@@ -178,7 +178,7 @@ def cmd_abort(args: argparse.Namespace, ctx: Context) -> int:
     record = {"action": "abort", "at": at, "by": who(), "command": "digest-cleanup " +
               shlex.join(sys.argv[1:]), "reason": args.reason, "run": before}  # fmt: skip
     ctx.runtime.dead_letters.log_action(record)
-    kept = audit.write_abort(ctx.settings, at, record)
+    kept = reports.write_abort(ctx.settings, at, record)
     finish_run(ctx.runtime, args.run_id)
     data = store.get(args.run_id).as_dict() | {"audit_record": record, "audit_url": kept}
     return show_run(data, args.json)

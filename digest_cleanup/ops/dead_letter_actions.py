@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from digest_cleanup.audit import reports as audit
+from digest_cleanup.audit import reports
 from digest_cleanup.clock import now_iso
 from digest_cleanup.model.dead_letters import Entry
 from digest_cleanup.ops import redrive_checks as redrive
@@ -77,5 +77,5 @@ def purge_entries(runtime: Runtime, entries: Sequence[Entry], command: str) -> P
     """Drop ``entries`` for good; ``command`` (who asked, and how) goes into each audit record."""
     records = runtime.dead_letters.purge(entries, command)
     # Redis keeps the audit records; the audit location keeps them for good.
-    kept = audit.write_purge(runtime.settings, now_iso(), records)
+    kept = reports.write_purge(runtime.settings, now_iso(), records)
     return PurgeResult(records, kept)

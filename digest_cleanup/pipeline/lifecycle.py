@@ -19,7 +19,7 @@ import time
 from datetime import datetime
 from typing import Any, Literal
 
-from digest_cleanup.audit import reports as audit
+from digest_cleanup.audit import reports
 from digest_cleanup.clock import epoch_of, now_iso
 from digest_cleanup.config.targets import Target
 from digest_cleanup.errors import ConfigError
@@ -238,10 +238,10 @@ def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:
     # A redriven or restarted run's state still names its earlier report; the new one
     # goes to a folder of its own and links back, so the reports form a chain.
     previous = summary.pop("report_url", "")
-    if previous and not previous.endswith(audit.report_folder(target, run_id, summary)):
+    if previous and not previous.endswith(reports.report_folder(target, run_id, summary)):
         summary["previous_report_url"] = previous
     try:
-        url = audit.write_report(runtime.settings, target, run_id, summary, not_deleted)
+        url = reports.write_report(runtime.settings, target, run_id, summary, not_deleted)
     except Exception as exc:  # the run's outcome stands; only its report waits
         return _report_pending(runtime, run_id, summary, exc)
     if url:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.audit import reports as audit
+from digest_cleanup.audit import reports
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
 from digest_cleanup.testing.servers import WeedServer
@@ -63,7 +63,7 @@ def _read(s3: Any, bucket: str, url: str, name: str) -> bytes:
 
 
 def test_a_report_goes_to_its_own_incarnations_folder(weed, s3, bucket):
-    url = audit.write_report(_settings(weed.endpoint_url, bucket), "t", "run-1", SUMMARY, [])
+    url = reports.write_report(_settings(weed.endpoint_url, bucket), "t", "run-1", SUMMARY, [])
 
     assert url == f"s3://{bucket}/reports/t/run-1/20261025T030005123Z-0123456789ab/"
     assert list_keys(s3, bucket) == {
@@ -77,11 +77,11 @@ def test_writing_the_same_report_again_keeps_the_first(weed, s3, bucket, uncondi
     # Given a report written once, on a server that takes If-None-Match or one that does not
     endpoint = weed.endpoint_url if server == "conditional" else unconditional.endpoint_url
     settings = _settings(endpoint, bucket)
-    first = audit.write_report(settings, "t", "run-1", SUMMARY, [{"key": "a", "code": "X"}])
+    first = reports.write_report(settings, "t", "run-1", SUMMARY, [{"key": "a", "code": "X"}])
     assert first is not None
 
     # When the same run end's report is written again, with other content
-    again = audit.write_report(settings, "t", "run-1", {**SUMMARY, "deleted": 99}, [])
+    again = reports.write_report(settings, "t", "run-1", {**SUMMARY, "deleted": 99}, [])
 
     # Then it names the same place, and what was there first is still there, unchanged
     assert again == first
@@ -96,8 +96,8 @@ def test_two_purge_records_in_one_second_are_two_objects(weed, s3, bucket):
     settings = _settings(weed.endpoint_url, bucket)
     at = "2026-10-25T03:00:05Z"
 
-    first = audit.write_purge(settings, at, [{"entry": "dl-1"}])
-    second = audit.write_purge(settings, at, [{"entry": "dl-2"}])
+    first = reports.write_purge(settings, at, [{"entry": "dl-1"}])
+    second = reports.write_purge(settings, at, [{"entry": "dl-2"}])
 
     assert first != second
     assert len(list_keys(s3, bucket, "reports/purges/")) == 2
