@@ -5,8 +5,14 @@ Exit codes: 0 complete (or nothing wrong); 1 ``complete_with_failures``, or
 error, with one line on stderr; 3 the run ``failed`` (for example
 ``max_delete_exceeded``).  Every command takes ``--json``.
 
-One module per command group registers its commands here; they share
-:mod:`digest_cleanup.cli.context` and never import each other.
+Each module ``cli/<command>.py`` adds ``digest-cleanup <command>`` with one
+``register(subcommands)``: ``cli/dlq.py`` adds ``dlq`` and its actions, and
+``cli/status.py`` adds ``status`` and ``runs``, the list of runs.  Every command
+is bound to its handler, ``<command>_command(args, ctx)`` (``dlq_list_command``
+for ``dlq list``), by :func:`~digest_cleanup.cli.context.add_command`, which
+also gives it ``--json``.  The modules share :mod:`digest_cleanup.cli.context`
+and never import each other; what a command does beyond reading and printing
+is in :mod:`digest_cleanup.ops` or :mod:`digest_cleanup.pipeline`.
 """
 
 from __future__ import annotations
@@ -17,8 +23,20 @@ from collections.abc import Sequence
 
 import redis
 
-from digest_cleanup.cli import check, console, dlq, metrics, plan, runs
-from digest_cleanup.cli.context import EXIT_USAGE, Command, Context
+from digest_cleanup.cli import (
+    abort,
+    check,
+    console,
+    dlq,
+    metrics,
+    plan,
+    report,
+    run,
+    status,
+    targets,
+    verify,
+)
+from digest_cleanup.cli.context import EXIT_USAGE, Context
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import CleanupError
 
@@ -49,22 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Delete expired weekly-digest artifacts with Celery workers, "
         "and account for every one.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    def add(name: str, handler: Command, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--json", action="store_true", help="print JSON only")
-        p.set_defaults(handler=handler)
-        return p
-
-    runs.register(add)
-    check.register(add("check", check.run, "probe a target's store and Redis before a first run"))
-    metrics.add_arguments(
-        add("metrics", metrics.cmd_metrics, "serve Prometheus metrics read from the run store")
-    )
-    plan.register(add("plan", plan.run, "workers and concurrency for N artifacts in a time window"))
-    dlq.register(sub)
-    console.add_arguments(
-        add("console", console.cmd_console, "serve the operations console: runs and dead letters")
-    )
+    subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # In the order ``--help`` lists them: the run's life first, then the tools.
+    for module in (targets, run, status, abort, report, verify, check, metrics, plan, dlq, console):
+        module.register(subcommands)
     return parser

@@ -19,18 +19,22 @@ from typing import TYPE_CHECKING
 import redis
 
 from digest_cleanup import broker
+from digest_cleanup.cli.context import add_command
 from digest_cleanup.kinds import Finding
 
 if TYPE_CHECKING:
-    from digest_cleanup.cli.context import Context
+    from digest_cleanup.cli.context import Context, Subcommands
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    """The options of ``digest-cleanup check``."""
-    parser.add_argument("target")
+def register(subcommands: Subcommands) -> None:
+    """Add ``check``."""
+    p = add_command(
+        subcommands, "check", check_command, "probe a target's store and Redis before a first run"
+    )
+    p.add_argument("target")
 
 
-def run(args: argparse.Namespace, ctx: Context) -> int:
+def check_command(args: argparse.Namespace, ctx: Context) -> int:
     target = ctx.runtime.target(args.target)
     kind = target.make_kind(ctx.settings)
     try:

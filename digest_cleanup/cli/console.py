@@ -14,10 +14,10 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from digest_cleanup.cli.context import EXIT_OK, print_json
+from digest_cleanup.cli.context import EXIT_OK, add_command, print_json
 
 if TYPE_CHECKING:
-    from digest_cleanup.cli.context import Context
+    from digest_cleanup.cli.context import Context, Subcommands
     from digest_cleanup.console.auth import Users
 
 #: Loopback unless told otherwise: the console can redrive and purge.
@@ -26,14 +26,21 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8642
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def register(subcommands: Subcommands) -> None:
+    """Add ``console``."""
+    p = add_command(
+        subcommands,
+        "console",
+        console_command,
+        "serve the operations console: runs and dead letters",
+    )
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
     p.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks one)"
     )
 
 
-def cmd_console(args: argparse.Namespace, ctx: Context) -> int:
+def console_command(args: argparse.Namespace, ctx: Context) -> int:
     """Serve until interrupted; print one line with the URL once listening."""
     from digest_cleanup.console.auth import Users
 

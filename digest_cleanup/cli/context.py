@@ -1,4 +1,4 @@
-"""What every command works with: the context, exit codes and output helpers."""
+"""What every command works with: the context, exit codes, registration and output helpers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -19,9 +19,22 @@ from digest_cleanup.pipeline.runtime import Runtime
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 STATUS_EXIT = {"complete": EXIT_OK, "complete_with_failures": EXIT_FAILURES, "failed": EXIT_FAILED}
 
-Command = Callable[[argparse.Namespace, "Context"], int]
-#: Adds one subcommand: ``add(name, handler, help)``, with ``--json`` already on it.
-AddCommand = Callable[[str, Command, str], argparse.ArgumentParser]
+#: What a command runs: ``<command>_command(args, ctx)``, returning the exit code.
+Handler = Callable[[argparse.Namespace, "Context"], int]
+
+if TYPE_CHECKING:
+    #: What ``register(subcommands)`` adds its commands to.
+    Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def add_command(
+    subcommands: Subcommands, name: str, handler: Handler, help_text: str
+) -> argparse.ArgumentParser:
+    """Add the command ``name``, with ``--json`` on it, bound to ``handler``."""
+    parser = subcommands.add_parser(name, help=help_text, description=help_text)
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.set_defaults(handler=handler)
+    return parser
 
 
 class Context:

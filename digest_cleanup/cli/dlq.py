@@ -5,67 +5,63 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from digest_cleanup.cli.context import Command, print_json
+from digest_cleanup.cli.context import Handler, add_command, print_json
 from digest_cleanup.errors import UsageError
 from digest_cleanup.model.dead_letters import ENTRY_FIELDS, Entry
-from digest_cleanup.store.dead_letters import DeadLetterQueue
 
 if TYPE_CHECKING:
-    from digest_cleanup.cli.context import Context
+    from digest_cleanup.cli.context import Context, Subcommands
 
 #: Keys shown per entry in the human listing; ``dlq show`` and ``--json`` give all.
 KEYS_SHOWN = 5
 
 
-def register(sub: Any) -> None:
-    """Add ``dlq list|show|redrive|purge`` to the parser's subcommands."""
-    dlq = sub.add_parser("dlq", help="list, show, redrive and purge dead letters")
-    dsub = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
+def register(subcommands: Subcommands) -> None:
+    """Add ``dlq`` and its actions: ``list``, ``show``, ``redrive``, ``purge``."""
+    dlq = subcommands.add_parser("dlq", help="list, show, redrive and purge dead letters")
+    actions = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
 
-    def add_dlq(
-        name: str, handler: Command, help_text: str, selectors: bool
-    ) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = dsub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--json", action="store_true", help="print JSON only")
-        p.set_defaults(handler=handler, command=f"dlq {name}")
+    def add_action(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        p = add_command(actions, name, handler, help_text)
+        p.set_defaults(command=f"dlq {name}")
+        return p
+
+    def add_filters(p: argparse.ArgumentParser, *, selectors: bool) -> None:
         if selectors:
             p.add_argument("ids", nargs="*", metavar="ID", help="entry ids")
             p.add_argument("--all", action="store_true", help="every entry")
         p.add_argument("--run", help="entries of this run")
         p.add_argument("--target", help="entries of this target")
         p.add_argument("--error", help="entries with this error code or reason")
-        return p
 
-    add_dlq("list", cmd_list, "peek at dead letters (nothing is consumed)", False)
-    p = dsub.add_parser("show", help="show one entry in full")
+    p = add_action("list", dlq_list_command, "peek at dead letters (nothing is consumed)")
+    add_filters(p, selectors=False)
+    p = add_action("show", dlq_show_command, "show one entry in full")
     p.add_argument("id")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=cmd_show, command="dlq show")
-    p = add_dlq("redrive", cmd_redrive, "move entries back onto the work queue", True)
+    p = add_action("redrive", dlq_redrive_command, "move entries back onto the work queue")
+    add_filters(p, selectors=True)
     p.add_argument("--dry-run", action="store_true", help="say what would move, move nothing")
-    p = add_dlq("purge", cmd_purge, "drop entries for good, leaving an audit record", True)
+    p = add_action("purge", dlq_purge_command, "drop entries for good, leaving an audit record")
+    add_filters(p, selectors=True)
     p.add_argument("--yes", action="store_true", help="required: confirm the purge")
 
 
-def _queue(ctx: Context) -> DeadLetterQueue:
+def _select(args: argparse.Namespace, ctx: Context) -> list[Entry]:
     ctx.ping()
-    return ctx.runtime.dead_letters
-
-
-def _select(args: argparse.Namespace, dlq: DeadLetterQueue) -> list[Entry]:
-    return dlq.select(
-        ids=getattr(args, "ids", ()) or (),
+    return ctx.runtime.dead_letters.select(
+        ids=args.ids or (),
         run=args.run,
         target=args.target,
         error=args.error,
-        everything=getattr(args, "all", False),
+        everything=args.all,
     )
 
 
-def cmd_list(args: argparse.Namespace, ctx: Context) -> int:
-    dlq = _queue(ctx)
+def dlq_list_command(args: argparse.Namespace, ctx: Context) -> int:
+    ctx.ping()
+    dlq = ctx.runtime.dead_letters
     entries = dlq.select(run=args.run, target=args.target, error=args.error, everything=True)
     data = [e.as_dict() for e in entries]
     if args.json:
@@ -87,8 +83,9 @@ def cmd_list(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-def cmd_show(args: argparse.Namespace, ctx: Context) -> int:
-    entry = _queue(ctx).get(args.id).as_dict()
+def dlq_show_command(args: argparse.Namespace, ctx: Context) -> int:
+    ctx.ping()
+    entry = ctx.runtime.dead_letters.get(args.id).as_dict()
     if args.json:
         print_json(entry)
         return 0
@@ -99,12 +96,11 @@ def cmd_show(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-def cmd_redrive(args: argparse.Namespace, ctx: Context) -> int:
+def dlq_redrive_command(args: argparse.Namespace, ctx: Context) -> int:
     """Move the selected entries back; exit 1 when any was refused (it stays, with why)."""
-    from digest_cleanup.ops.dead_letter_actions import redrive_entries
+    from digest_cleanup.ops.redrive import redrive_entries
 
-    dlq = _queue(ctx)
-    result = redrive_entries(ctx.runtime, _select(args, dlq), dry_run=args.dry_run)
+    result = redrive_entries(ctx.runtime, _select(args, ctx), dry_run=args.dry_run)
     if args.json:
         print_json(result.as_dict())
     else:
@@ -119,18 +115,17 @@ def cmd_redrive(args: argparse.Namespace, ctx: Context) -> int:
     return 1 if result.refused else 0
 
 
-def cmd_purge(args: argparse.Namespace, ctx: Context) -> int:
+def dlq_purge_command(args: argparse.Namespace, ctx: Context) -> int:
     if not args.yes:
         raise UsageError("dlq purge drops entries for good; add --yes to confirm")
-    from digest_cleanup.ops.dead_letter_actions import purge_entries
+    from digest_cleanup.ops.purge import purge_entries
 
-    dlq = _queue(ctx)
     command = "digest-cleanup " + shlex.join(sys.argv[1:])
-    result = purge_entries(ctx.runtime, _select(args, dlq), command)
+    result = purge_entries(ctx.runtime, _select(args, ctx), command)
     if args.json:
         print_json(result.as_dict())
     else:
         kept = result.audit_url
-        where = f"{dlq.key_prefix}:audit" + (f" and {kept}" if kept else "")
+        where = f"{ctx.runtime.dead_letters.key_prefix}:audit" + (f" and {kept}" if kept else "")
         print(f"purged {len(result.records)} entries; audit records written to {where}")
     return 0

@@ -7,11 +7,11 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from digest_cleanup.cli.context import print_json
+from digest_cleanup.cli.context import add_command, print_json
 from digest_cleanup.errors import CleanupError, UsageError
 
 if TYPE_CHECKING:
-    from digest_cleanup.cli.context import Context
+    from digest_cleanup.cli.context import Context, Subcommands
 
 #: The port the deployment files and the alert rules' scrape config expect.
 DEFAULT_PORT = 9808
@@ -19,15 +19,18 @@ DEFAULT_PORT = 9808
 DEFAULT_ADDRESS = "127.0.0.1"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``digest-cleanup metrics``."""
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default %(default)s")
-    parser.add_argument(
+def register(subcommands: Subcommands) -> None:
+    """Add ``metrics``."""
+    p = add_command(
+        subcommands, "metrics", metrics_command, "serve Prometheus metrics read from the run store"
+    )
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="default %(default)s")
+    p.add_argument(
         "--address", default=DEFAULT_ADDRESS, help="address to listen on; default %(default)s"
     )
 
 
-def cmd_metrics(args: argparse.Namespace, ctx: Context) -> int:
+def metrics_command(args: argparse.Namespace, ctx: Context) -> int:
     """Serve ``/metrics`` until stopped, or with ``--json`` print one snapshot and exit."""
     try:
         from prometheus_client import CollectorRegistry, start_http_server

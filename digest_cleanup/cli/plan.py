@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from digest_cleanup.cli.context import EXIT_OK, print_json
+from digest_cleanup.cli.context import EXIT_OK, add_command, print_json
 from digest_cleanup.config.targets import DEFAULT_BATCH_SIZE
 from digest_cleanup.errors import UsageError
 from digest_cleanup.ops.capacity import (
@@ -22,27 +22,31 @@ from digest_cleanup.ops.capacity import (
 )
 
 if TYPE_CHECKING:
-    from digest_cleanup.cli.context import Context
+    from digest_cleanup.cli.context import Context, Subcommands
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    """The options of ``digest-cleanup plan``."""
-    parser.add_argument(
+def register(subcommands: Subcommands) -> None:
+    """Add ``plan``."""
+    p = add_command(
+        subcommands,
+        "plan",
+        plan_command,
+        "workers and concurrency for N artifacts in a time window",
+    )
+    p.add_argument(
         "--artifacts", type=int, required=True, help="keys one run must delete, e.g. 120000"
     )
-    parser.add_argument(
-        "--window", required=True, help="time the run may take: 90s, 45m, 2h, 1h30m, 1d"
-    )
-    parser.add_argument(
+    p.add_argument("--window", required=True, help="time the run may take: 90s, 45m, 2h, 1h30m, 1d")
+    p.add_argument(
         "--utilization",
         type=float,
         default=DEFAULT_UTILIZATION,
         help="share of the slots' time to plan for (0-1]; default %(default)s",
     )
-    parser.add_argument(
+    p.add_argument(
         "--target", help="plan from this target's timings and batch size; default: all targets"
     )
-    parser.add_argument(
+    p.add_argument(
         "--per-worker",
         type=int,
         default=DEFAULT_PER_WORKER,
@@ -50,7 +54,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, ctx: Context) -> int:
+def plan_command(args: argparse.Namespace, ctx: Context) -> int:
     """Print the plan for ``--artifacts`` in ``--window``."""
     window = parse_duration(args.window)
     targets = [ctx.runtime.target(args.target)] if args.target else list(ctx.runtime.targets)

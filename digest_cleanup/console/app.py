@@ -23,7 +23,8 @@ from digest_cleanup.errors import CleanupError, DeadLetterError, RunStateError
 from digest_cleanup.logs import Scrubber
 from digest_cleanup.model.dead_letters import ENTRY_FIELDS, Entry
 from digest_cleanup.model.run_view import COUNTERS
-from digest_cleanup.ops.dead_letter_actions import purge_entries, redrive_entries
+from digest_cleanup.ops.purge import purge_entries
+from digest_cleanup.ops.redrive import redrive_entries
 from digest_cleanup.pipeline.runtime import Runtime
 
 #: Runs the runs page lists, newest first.

@@ -1,7 +1,7 @@
 """What a batch must pass before anything in it is deleted.
 
 The worker runs these checks on every delivery, and a redrive runs the same
-ones before it moves an entry back (see :mod:`digest_cleanup.ops.redrive_checks`),
+ones before it moves an entry back (see :mod:`digest_cleanup.ops.redrive`),
 so a redrive is refused for exactly what a delivery would be refused for.
 
 The message carries no authority of its own.  What a batch may delete is what
@@ -85,7 +85,7 @@ def check_batch(
     Every check reads this worker's own targets file and clock, never the
     message's word: a batch outlives the configuration that listed it (retries,
     redrives, duplicate deliveries), and a message can be forged.  A redrive runs
-    the same checks before it moves an entry (see :mod:`digest_cleanup.ops.redrive_checks`).
+    the same checks before it moves an entry (see :mod:`digest_cleanup.ops.redrive`).
     With ``delivery``, an authentic message whose attempt is already recorded raises
     :class:`AlreadyRecorded` before the run's status is looked at; ``redriving`` is a
     redrive's check before it moves an entry (see :func:`ensure_running`).

@@ -13,7 +13,7 @@ import redis
 from digest_cleanup.app import create_app
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.model.batches import BatchPayload
-from digest_cleanup.ops.redrive_checks import redrive
+from digest_cleanup.ops.redrive import redrive_entries
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.testing.stack import Stack, wait_for
 from tests.conftest import list_keys, s3_targets, scope_of, seed_split
@@ -111,7 +111,7 @@ def test_a_redrive_that_crashes_midway_loses_no_entry(make_stack, s3, bucket, pr
             yield entry
 
     with pytest.raises(Crash):
-        redrive(runtime, dlq, dying())
+        redrive_entries(runtime, dying(), dry_run=False)
 
     # Then every entry is in exactly one of the two queues
     client = redis.Redis.from_url(redis_url)

@@ -23,7 +23,7 @@ from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.kinds import Outcome
 from digest_cleanup.model.batches import BatchPayload, BatchRecord
 from digest_cleanup.model.dead_letters import DeadLetter
-from digest_cleanup.ops import redrive_checks as redrive
+from digest_cleanup.ops.redrive import redrive_entries
 from digest_cleanup.pipeline.batch import process
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
@@ -167,7 +167,7 @@ def test_two_entries_of_one_batch_are_both_redriven_and_deleted(rt, redis_url):
     # When both causes are fixed and both entries are redriven and delivered
     memory.fail("forged", "snap/0000", Outcome.DELETED, "", times=0)
     memory.fail("forged", "snap/0001", Outcome.DELETED, "", times=0)
-    moved = redrive.redrive(rt, rt.dead_letters, entries).moved
+    moved = redrive_entries(rt, entries, dry_run=False).movable
     assert len(moved) == 2
     for _ in moved:
         kwargs, task_id = _next_work(rt)
@@ -191,7 +191,7 @@ def test_a_redrive_while_its_batch_still_retries_keeps_the_run_open_until_both_e
 
     # When an operator redrives the dead letter, and the redrive ends before the retry
     memory.fail("forged", "snap/0000", Outcome.DELETED, "", times=0)
-    assert redrive.redrive(rt, rt.dead_letters, rt.dead_letters.entries(run=run_id)).moved
+    assert redrive_entries(rt, rt.dead_letters.entries(run=run_id), dry_run=False).movable
     kwargs, task_id = _next_work(rt)
     process(rt, kwargs, task_id)
     assert rt.store.get(run_id).status == "running"  # the retry is still in flight
@@ -211,7 +211,7 @@ def test_abort_of_a_failed_run_stops_the_redrives_already_sent(rt, redis_url):
     process(rt, first.to_message(), "t1")
     rt.store.fail(run_id, "listing_failed", "the listing broke mid-sweep")
     memory.fail("forged", "snap/0000", Outcome.DELETED, "", times=0)
-    assert redrive.redrive(rt, rt.dead_letters, rt.dead_letters.entries(run=run_id)).moved
+    assert redrive_entries(rt, rt.dead_letters.entries(run=run_id), dry_run=False).movable
 
     # When the run is aborted before the redrive is delivered
     assert rt.store.abort(run_id, "stop") == "aborted"

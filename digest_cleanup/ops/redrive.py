@@ -1,4 +1,8 @@
-"""Redrive: which dead-letter entries may go back onto the work queue, and moving them.
+"""Redrive: check dead-letter entries again, and move the ones that pass back onto the work queue.
+
+The CLI (``dlq redrive``) and the console both act through :func:`redrive_entries`,
+so a click in the browser moves, refuses and reports exactly what the same
+command would.
 
 A redrive is a delete that runs again, possibly weeks after its run, so it is
 checked here first, against this process's own targets file, clock and run
@@ -20,12 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 from digest_cleanup.errors import ConfigError, RefusedBatch
 from digest_cleanup.model.dead_letters import Entry
 from digest_cleanup.pipeline.batch_checks import check_batch
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.store.dead_letters import DeadLetterQueue
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,12 +41,27 @@ class Refusal:
     message: str
 
 
-@dataclasses.dataclass
-class Outcome:
-    """What a redrive did: the entries moved, and the ones it refused with why."""
+@dataclasses.dataclass(frozen=True)
+class RedriveResult:
+    """What a redrive (or its dry run) moved or would move, and what it refused, with why."""
 
-    moved: list[str] = dataclasses.field(default_factory=list)
-    refused: list[Refusal] = dataclasses.field(default_factory=list)
+    dry_run: bool
+    selected: list[str]
+    #: The entries that moved or, on a dry run, would move.
+    movable: list[str]
+    refused: list[Refusal]
+    #: Keys of the movable entries.
+    keys: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "selected": self.selected,
+            "redriven": [] if self.dry_run else self.movable,
+            "would_redrive": self.movable if self.dry_run else [],
+            "refused": [dataclasses.asdict(r) for r in self.refused],
+            "keys": self.keys,
+        }
 
 
 def refusal(runtime: Runtime, entry: Entry) -> Refusal | None:
@@ -66,13 +85,24 @@ def refusal(runtime: Runtime, entry: Entry) -> Refusal | None:
     return None
 
 
-def redrive(runtime: Runtime, queue: DeadLetterQueue, entries: Iterable[Entry]) -> Outcome:
-    """Move every entry that passes :func:`refusal`; go on past the ones that do not."""
-    outcome = Outcome()
+def redrive_entries(runtime: Runtime, entries: Iterable[Entry], *, dry_run: bool) -> RedriveResult:
+    """Move every entry that passes :func:`refusal`, going on past the ones that do not.
+
+    Entries are checked and moved one at a time, as ``entries`` yields them, so a
+    redrive that dies part way leaves each entry in exactly one queue.  On a dry
+    run nothing moves: the result says which entries would.
+    """
+    queue = runtime.dead_letters
+    selected: list[str] = []
+    movable: list[str] = []
+    refusals: list[Refusal] = []
+    keys = 0
     for entry in entries:
+        selected.append(entry.id)
         refused = refusal(runtime, entry)
         if refused is not None:
-            outcome.refused.append(refused)
-        elif queue.redrive_one(entry):
-            outcome.moved.append(entry.id)
-    return outcome
+            refusals.append(refused)
+        elif dry_run or queue.redrive_one(entry):
+            movable.append(entry.id)
+            keys += len(entry.keys)
+    return RedriveResult(dry_run, selected, movable, refusals, keys)
