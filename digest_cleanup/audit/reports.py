@@ -18,10 +18,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from digest_cleanup.clock import now_iso
 from digest_cleanup.config.settings import Settings
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 #: Attempts per report object.  A run's report is written once, at its end, so
 #: unlike deletes it is retried in place rather than by the pipeline.
@@ -108,14 +111,28 @@ def _write_records(
     return f"s3://{bucket}/{key}"
 
 
-def _put_once(client: Any, bucket: str, key: str, body: bytes, content_type: str) -> bool:
+class _Put(TypedDict):
+    """A report object's PutObject, its condition aside."""
+
+    Bucket: str
+    Key: str
+    Body: bytes
+    ContentType: str
+
+
+def _put_once(client: S3Client, bucket: str, key: str, body: bytes, content_type: str) -> bool:
     """Put ``key`` unless it exists; True when this call wrote it.
 
     ``If-None-Match: *`` makes the store itself refuse an overwrite.  A server that
     does not implement the condition gets a HEAD first: not atomic, but the keys
     here are new for every report, so only a retry of the same report can race it.
     """
-    put = {"Bucket": bucket, "Key": key, "Body": body, "ContentType": content_type}
+    put: _Put = {
+        "Bucket": bucket,
+        "Key": key,
+        "Body": body,
+        "ContentType": content_type,
+    }
     # Errors are told apart by the answer botocore attaches (``exc.response``), so the
     # pipeline imports no store library of its own.
     try:
@@ -160,7 +177,7 @@ def _location(settings: Settings) -> tuple[str, str] | None:
     return bucket, prefix
 
 
-def _client(settings: Settings) -> Any:
+def _client(settings: Settings) -> S3Client:
     # Imported here: a deployment without an audit location never loads boto3.
     from digest_cleanup.kinds.s3_client import make_client
 

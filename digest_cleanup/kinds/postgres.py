@@ -33,6 +33,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
+from psycopg.rows import TupleRow
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import SettingsError, StoreError, TransientError
@@ -109,7 +110,7 @@ class PostgresKind(TargetKind):
         self._table = sql.Identifier(*options.table.split("."))
         self._pk = sql.Identifier(options.primary_key)
         self._ts = sql.Identifier(options.timestamp_column)
-        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._conn: psycopg.Connection[TupleRow] | None = None
         self._conn_pid = 0
         self._key: KeyType | None = None
         # Calls are serialized, so a thread pool sharing one instance stays correct.
@@ -277,7 +278,7 @@ class PostgresKind(TargetKind):
             self._key = postgres_catalog.look_up(self._connection(), self._table, self.options)
         return self._key
 
-    def _connection(self) -> psycopg.Connection[tuple[Any, ...]]:
+    def _connection(self) -> psycopg.Connection[TupleRow]:
         conn = self._conn
         if conn is not None and (conn.closed or conn.broken or self._conn_pid != os.getpid()):
             self._drop_connection()

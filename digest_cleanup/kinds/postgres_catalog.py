@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from datetime import UTC, date, datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import TupleRow
 
 from digest_cleanup.errors import PermanentError
 from digest_cleanup.kinds.postgres_options import IDENTIFIER, PostgresOptions
@@ -84,7 +85,7 @@ class _Column(NamedTuple):
 
 
 def look_up(
-    conn: psycopg.Connection[tuple[Any, ...]], table: sql.Identifier, options: PostgresOptions
+    conn: psycopg.Connection[TupleRow], table: sql.Identifier, options: PostgresOptions
 ) -> KeyType:
     """The key's type, after checking the table, both columns and the key's uniqueness."""
     o = options

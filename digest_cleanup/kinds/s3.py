@@ -28,15 +28,14 @@ a line feed) goes alone in a DeleteObject request, whose key travels in the URL.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 from digest_cleanup.config.settings import Settings
@@ -45,7 +44,11 @@ from digest_cleanup.kinds import s3_shards
 from digest_cleanup.kinds.base import Finding, KeyResult, Page, TargetKind, parse_dataclass
 from digest_cleanup.kinds.s3_client import aware, make_client, mapped_errors
 from digest_cleanup.kinds.s3_delete import VERSION_SEPARATOR, Deletion
+from digest_cleanup.kinds.s3_options import S3Options as S3Options  # named beside the kind
 from digest_cleanup.kinds.s3_versions import VersionedDeletion, scan_versions
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 #: DeleteObjects takes at most this many keys per request.
 DELETE_OBJECTS_LIMIT = 1000
@@ -76,25 +79,6 @@ THROTTLE_CODES = frozenset(
 ETAG_CONDITION = re.compile(r'"[0-9a-fA-F]{16,64}(-[0-9]{1,5})?"')
 
 
-@dataclasses.dataclass(frozen=True)
-class S3Options:
-    """Fields of an S3 target."""
-
-    bucket: str
-    prefix: str
-    #: An empty prefix means the whole bucket; it must be asked for by name.
-    allow_whole_bucket: bool = False
-    #: ``current``: delete the current version (versioned buckets gain delete markers);
-    #: ``all``: delete every version and delete marker of an expired key.
-    versions: Literal["current", "all"] = "current"
-    #: Send each key's listed ETag with its delete, so S3 keeps a key rewritten since.
-    #: Turn off only for a server that refuses the condition (``digest-cleanup check``).
-    conditional_deletes: bool = True
-    #: The prefix names a folder, so it must end in ``/``: ``statements`` without one
-    #: also matches ``statements-archive/``.  ``false`` asks for that raw match by name.
-    prefix_is_folder: bool = True
-
-
 class S3Kind(TargetKind):
     """Objects in one bucket under one prefix."""
 
@@ -102,16 +86,17 @@ class S3Kind(TargetKind):
     Options = S3Options
     max_batch_size: ClassVar[int] = DELETE_OBJECTS_LIMIT
     throttle_codes: ClassVar[frozenset[str]] = THROTTLE_CODES
+    options: S3Options
 
     def __init__(self, target: str, options: S3Options, settings: Settings) -> None:
         super().__init__(target, options, settings)
         self._lock = threading.Lock()
-        self._client: Any = None
+        self._client: S3Client | None = None
         #: The last ``Date`` header S3 sent, with the monotonic time it arrived.
         self._server_date: tuple[datetime, float] | None = None
 
     @classmethod
-    def parse_options(cls, target: str, raw: Any) -> S3Options:
+    def parse_options(cls, target: str, raw: Mapping[str, Any]) -> S3Options:
         opts: S3Options = parse_dataclass(S3Options, target, raw)
         if not opts.bucket:
             raise TargetsFileError(f"targets.{target}.bucket: must not be empty")
@@ -143,7 +128,7 @@ class S3Kind(TargetKind):
         return AWS_DELETE_RATE if host.endswith(".amazonaws.com") else 0.0
 
     @property
-    def client(self) -> Any:
+    def client(self) -> S3Client:
         """One client per process: boto3 clients are thread-safe but not fork-safe."""
         with self._lock:
             if self._client is None:
@@ -151,7 +136,7 @@ class S3Kind(TargetKind):
                 self._client.meta.events.register("after-call.s3", self._note_date)
             return self._client
 
-    def _note_date(self, http_response: Any = None, **_: Any) -> None:
+    def _note_date(self, http_response: object = None, **_: object) -> None:
         """Keep the store's clock from each answer's ``Date`` header (see :meth:`server_time`)."""
         raw = getattr(http_response, "headers", {}).get("Date") if http_response else None
         if not raw:
@@ -277,7 +262,10 @@ class S3Kind(TargetKind):
     def require_versioning(self) -> None:
         """Raise unless the bucket's versioning is enabled (``versions = "all"`` needs it)."""
         with mapped_errors():
-            status = self.client.get_bucket_versioning(Bucket=self.options.bucket).get("Status")
+            versioning = self.client.get_bucket_versioning(Bucket=self.options.bucket)
+        # Optional, whatever the stubs say: S3 sends no Status for a bucket whose
+        # versioning was never enabled.
+        status: str | None = versioning.get("Status")
         if status != "Enabled":
             raise PermanentError(
                 "versioning_not_enabled",
@@ -319,7 +307,7 @@ class S3Kind(TargetKind):
         return count
 
     @functools.cached_property
-    def verify_client(self) -> Any:
+    def verify_client(self) -> S3Client:
         """A client without the lean listing reader, for ``verify`` (see :meth:`remaining`)."""
         return make_client(self.settings, lean_listing=False)
 

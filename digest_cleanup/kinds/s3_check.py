@@ -7,19 +7,27 @@ the same probe a run's start runs (see :func:`digest_cleanup.pipeline.lifecycle.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from digest_cleanup.errors import PermanentError, TransientError
 from digest_cleanup.kinds.base import Finding
 from digest_cleanup.kinds.s3_probe import probe_conditional_deletes
 
+if TYPE_CHECKING:
+    from digest_cleanup.kinds.s3_client import ErrorMapper
+    from digest_cleanup.kinds.s3_options import S3Options, S3Target
 
-def run_checks(kind: Any, mapped_errors: Any) -> list[Finding]:
+#: What one checked call answers.
+T = TypeVar("T")
+
+
+def run_checks(kind: S3Target, mapped_errors: ErrorMapper) -> list[Finding]:
     """Every finding for one S3 target; ``mapped_errors`` maps botocore's errors."""
     client, bucket, options = kind.client, kind.options.bucket, kind.options
     found: list[Finding] = []
 
-    def attempt(check: str, call: Any, needs: str) -> Any:
+    def attempt(check: str, call: Callable[[], T], needs: str) -> T | None:
         try:
             with mapped_errors():
                 return call()
@@ -40,7 +48,9 @@ def run_checks(kind: Any, mapped_errors: Any) -> list[Finding]:
         "needs s3:GetBucketVersioning",
     )
     if versioning is not None:
-        found.append(_versioning(options, versioning.get("Status") or "never enabled"))
+        # Optional, whatever the stubs say: a bucket never versioned answers no Status.
+        status: str | None = versioning.get("Status")
+        found.append(_versioning(options, status or "never enabled"))
 
     listed = attempt(
         "listing",
@@ -57,7 +67,7 @@ def run_checks(kind: Any, mapped_errors: Any) -> list[Finding]:
 _ACCESS = "check the credentials (AWS_* or CLEANUP_S3_* settings), the endpoint and the bucket"
 
 
-def _versioning(options: Any, status: str) -> Finding:
+def _versioning(options: S3Options, status: str) -> Finding:
     if options.versions == "all" and status != "Enabled":
         return Finding(
             "versioning",

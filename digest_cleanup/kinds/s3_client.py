@@ -9,10 +9,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import boto3
 import botocore.handlers
@@ -31,6 +31,9 @@ from digest_cleanup import __version__
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PermanentError, TransientError
 from digest_cleanup.kinds import s3_listing
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 #: Connections the one client of a process keeps for reuse.  A worker in the threads
 #: pool runs one delete per thread at once, and a pool smaller than that opens and
@@ -55,9 +58,13 @@ TRANSIENT_CODES = frozenset(
         "504",
     }
 )
+#: :func:`mapped_errors` as the check and the probe take it.
+ErrorMapper = Callable[[], AbstractContextManager[None]]
 
 
-def make_client(settings: Settings, *, max_attempts: int = 1, lean_listing: bool = True) -> Any:
+def make_client(
+    settings: Settings, *, max_attempts: int = 1, lean_listing: bool = True
+) -> S3Client:
     """An S3 client for these settings.
 
     Retries are the pipeline's job (task-level backoff that frees the worker and
@@ -91,7 +98,10 @@ def make_client(settings: Settings, *, max_attempts: int = 1, lean_listing: bool
         user_agent_extra=f"digest-cleanup/{__version__} pid/{os.getpid()}",
         s3={"addressing_style": "path"} if settings.s3_endpoint_url else None,
     )
-    client = session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
+    # boto3-stubs-lite has no per-service overloads, so say which client this is.
+    client = cast(
+        "S3Client", session.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
+    )
     if lean_listing:
         # Listing is the guard pass's cost, and it comes before the first delete.
         s3_listing.install(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Required, TypedDict
 
 from botocore.exceptions import ClientError
 
@@ -25,7 +25,18 @@ from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, KeyResult, Outcome
 from digest_cleanup.kinds.s3_client import TRANSIENT_CODES, aware, mapped_errors
 
 if TYPE_CHECKING:
-    from digest_cleanup.kinds.s3 import S3Kind
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import (
+        GetObjectOutputTypeDef,
+        HeadObjectOutputTypeDef,
+        ObjectIdentifierTypeDef,
+        ObjectTypeDef,
+    )
+
+    from digest_cleanup.kinds.s3_options import S3Target
+
+    #: What a look at a key found: a HEAD's headers, a GET's, or its listing entry.
+    Look = HeadObjectOutputTypeDef | GetObjectOutputTypeDef | ObjectTypeDef
 
 #: Separates key and version id in a ``versions = "all"`` key.  Version ids never
 #: contain it, so ``rpartition`` splits correctly even when a key does.
@@ -50,16 +61,29 @@ FORBIDDEN_CODES = frozenset({"403", "AccessDenied", "Forbidden"})
 CONDITION_MISMATCH = "condition_mismatch"
 
 
+class ObjectName(TypedDict, total=False):
+    """How a request names one object: its S3 key, and for a version key its version."""
+
+    Key: Required[str]
+    VersionId: str
+
+
+class IfMatch(TypedDict, total=False):
+    """A DeleteObject's condition: the ETag the object must still have, when there is one."""
+
+    IfMatch: str
+
+
 class Deletion:
     """The delete path of one S3 target: a batch's requests and the lookups that settle it."""
 
-    def __init__(self, kind: S3Kind) -> None:
+    def __init__(self, kind: S3Target) -> None:
         self.kind = kind
         self.options = kind.options
         self._all_versions = kind.all_versions
 
     @property
-    def client(self) -> Any:
+    def client(self) -> S3Client:
         return self.kind.client
 
     def delete(
@@ -116,13 +140,12 @@ class Deletion:
 
     def _delete_one(self, batch: Batch, index: int) -> None:
         """DeleteObject for a key an XML body cannot carry: the key travels in the URL."""
-        ident = self._identifier(batch.keys[index], "")
+        ident = self._name(batch.keys[index])
         condition = batch.condition(index)
-        if condition:
-            ident["IfMatch"] = condition
+        if_match: IfMatch = {"IfMatch": condition} if condition else {}
         try:
             with mapped_errors():
-                self.client.delete_object(Bucket=self.options.bucket, **ident)
+                self.client.delete_object(Bucket=self.options.bucket, **ident, **if_match)
         except (TransientError, PermanentError) as exc:
             self._classify(batch, index, exc.code, exc.message, exc)
             return
@@ -197,18 +220,17 @@ class Deletion:
         else:
             batch.set(index, Outcome.TRANSIENT, code, f"{message}; still present, retried")
 
-    def _look(self, key: str) -> dict[str, Any] | None:
+    def _look(self, key: str) -> Look | None:
         """HEAD ``key``; ``None`` only when the store says it is gone with an S3 code.
 
         A HEAD answer has no body, so its 404 never carries ``NoSuchKey``: a GET,
         whose error body does, tells a key that is gone from a 404 that any
         gateway or wrong endpoint path sends, raised as ``not_found_unconfirmed``.
         """
-        ident = self._identifier(key, "")
+        ident = self._name(key)
         try:
             with mapped_errors():
-                head: dict[str, Any] = self.client.head_object(Bucket=self.options.bucket, **ident)
-                return head
+                return self.client.head_object(Bucket=self.options.bucket, **ident)
         except PermanentError as exc:
             if exc.code in GONE_CODES:
                 return None
@@ -218,17 +240,18 @@ class Deletion:
                 raise
         try:
             with mapped_errors():
-                got: dict[str, Any] = self.client.get_object(Bucket=self.options.bucket, **ident)
+                got = self.client.get_object(Bucket=self.options.bucket, **ident)
         except PermanentError as exc:
             if exc.code in GONE_CODES:
                 return None
             if exc.code == BARE_NOT_FOUND:
                 raise PermanentError(NOT_FOUND_UNCONFIRMED, _unconfirmed(exc.message)) from exc
             raise
-        got.pop("Body").close()  # only its headers were wanted
+        # Only its headers were wanted; the stubs call Body required, hence the ignore.
+        got.pop("Body").close()  # type: ignore[misc]
         return got
 
-    def _listed(self, key: str) -> dict[str, Any] | None:
+    def _listed(self, key: str) -> ObjectTypeDef | None:
         """Look ``key`` up by listing it: what a role allowed to list only its prefix can do.
 
         A listing is S3's own answer, so a key it does not name is gone; one it names
@@ -238,7 +261,7 @@ class Deletion:
             page = self.client.list_objects_v2(Bucket=self.options.bucket, Prefix=key, MaxKeys=1)
         found = page.get("Contents") or []
         if found and found[0].get("Key") == key:
-            return dict(found[0])
+            return found[0].copy()
         return None
 
     def _resolve_missing_conditions(self, batch: Batch, cutoff: datetime) -> None:
@@ -284,18 +307,25 @@ class Deletion:
             for index in null:
                 batch.set(index, outcome, exc.code, exc.message)
 
-    def _identifier(self, key: str, condition: str = "") -> dict[str, str]:
+    def _identifier(self, key: str, condition: str = "") -> ObjectIdentifierTypeDef:
         if self._all_versions:
             base, _, version = key.rpartition(VERSION_SEPARATOR)
             return {"Key": base, "VersionId": version}
         return {"Key": key, "ETag": condition} if condition else {"Key": key}
+
+    def _name(self, key: str) -> ObjectName:
+        """:meth:`_identifier` without a condition: how HEAD, GET and DeleteObject name it."""
+        if self._all_versions:
+            base, _, version = key.rpartition(VERSION_SEPARATOR)
+            return {"Key": base, "VersionId": version}
+        return {"Key": key}
 
     def _key(self, key: str) -> str:
         return key.rpartition(VERSION_SEPARATOR)[0] if self._all_versions else key
 
     def _is_locked(self, key: str) -> bool:
         """Tell an Object Lock or legal hold apart from a plain AccessDenied."""
-        ident = self._identifier(key)
+        ident = self._name(key)
         try:
             hold = self.client.get_object_legal_hold(Bucket=self.options.bucket, **ident)
             if hold.get("LegalHold", {}).get("Status") == "ON":

@@ -59,8 +59,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 from xml.etree import ElementTree
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import ObjectTypeDef
 
 #: The event the hook listens to (botocore names S3 ``s3`` in events).
 EVENT = "before-parse.s3.ListObjectsV2"
@@ -72,10 +76,19 @@ _OPEN, _CLOSE = b"<Contents>", b"</Contents>"
 
 Handler = Callable[..., None]
 Element = ElementTree.Element
+#: botocore's raw response as its before-parse event hands it over (``body``, ``headers``,
+#: ``status_code``, ``context``): a plain dict that neither botocore nor its stubs type.
+RawResponse = dict[str, Any]
+
+
+class _Operation(Protocol):
+    """What the error check's wrapper reads of botocore's ``OperationModel``."""
+
+    name: str
 
 
 def install(
-    client: Any, timestamp_parser: Callable[[str], datetime], error_check: Handler | None
+    client: S3Client, timestamp_parser: Callable[[str], datetime], error_check: Handler | None
 ) -> None:
     """Make ``client`` read ListObjectsV2 pages with :func:`parse_contents`.
 
@@ -91,7 +104,7 @@ def install(
         events.register_first("before-parse.s3.*", _skip_listing(error_check))
 
     def lean(
-        response_dict: dict[str, Any], customized_response_dict: dict[str, Any], **kw: Any
+        response_dict: RawResponse, customized_response_dict: RawResponse, **kw: object
     ) -> None:
         contents = parse_contents(response_dict, timestamp_parser)
         if contents is not None:
@@ -103,8 +116,8 @@ def install(
 
 
 def parse_contents(
-    response_dict: dict[str, Any], timestamp_parser: Callable[[str], datetime]
-) -> list[dict[str, Any]] | None:
+    response_dict: RawResponse, timestamp_parser: Callable[[str], datetime]
+) -> list[ObjectTypeDef] | None:
     """Take the ``Contents`` out of a ListObjectsV2 response body, or None to leave it be.
 
     On success the body keeps everything but the ``<Contents>`` elements, and the
@@ -117,7 +130,7 @@ def parse_contents(
     root = _tree(body)
     if root is None or _name(root) != "ListBucketResult":
         return None
-    contents: list[dict[str, Any]] = []
+    contents: list[ObjectTypeDef] = []
     kept: list[Element] = []
     names: dict[str, str] = {}  # tag -> its name, worked out once per tag and page
     for child in root:
@@ -161,7 +174,7 @@ def _name(element: Element) -> str:
 
 def _object(
     element: Element, timestamp_parser: Callable[[str], datetime], names: dict[str, str]
-) -> dict[str, Any] | None:
+) -> ObjectTypeDef | None:
     """One ``<Contents>`` as botocore parses it, or None unless it is plainly one object."""
     found: dict[str, str] = {}
     for field in element:
@@ -228,7 +241,7 @@ def _same_children(left: list[Element], right: list[Element]) -> bool:
 def _skip_listing(check: Handler) -> Handler:
     """``check`` for every S3 operation but ListObjectsV2, whose hook runs it later."""
 
-    def checked(operation_model: Any, **kw: Any) -> None:
+    def checked(operation_model: _Operation, **kw: object) -> None:
         if operation_model.name != "ListObjectsV2":
             check(operation_model=operation_model, **kw)
 

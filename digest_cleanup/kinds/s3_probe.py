@@ -33,12 +33,18 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal
 
 from digest_cleanup.errors import PermanentError, StoreError
 from digest_cleanup.kinds.base import Finding
-from digest_cleanup.kinds.s3_client import TRANSIENT_CODES, make_client
+from digest_cleanup.kinds.s3_client import TRANSIENT_CODES, ErrorMapper, make_client
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef, ObjectTypeDef
+
+    from digest_cleanup.kinds.s3_options import S3Options, S3Target
 
 #: How a probe object's key starts, under the target's prefix.  A name, not a folder:
 #: a filer-backed store (SeaweedFS) keeps an emptied folder, and the sweep would list it.
@@ -62,7 +68,7 @@ Path = Literal["DeleteObjects", "DeleteObject"]
 PATHS: tuple[Path, ...] = ("DeleteObjects", "DeleteObject")
 
 
-def probe_prefix(options: Any) -> str:
+def probe_prefix(options: S3Options) -> str:
     """How a target's probe keys start: :data:`PROBE_PREFIX` under its prefix."""
     return f"{options.prefix}{PROBE_PREFIX}"
 
@@ -87,7 +93,7 @@ class _Trial:
         return f"{self.path}{' (multipart ETag)' if self.multipart else ''}"
 
 
-def probe_conditional_deletes(kind: Any, mapped_errors: Any) -> list[Finding]:
+def probe_conditional_deletes(kind: S3Target, mapped_errors: ErrorMapper) -> list[Finding]:
     """Prove, with probe objects under the target's prefix, that the store honours ETags.
 
     Returns a ``conditional deletes`` finding (both paths, plain objects), a
@@ -103,7 +109,7 @@ def probe_conditional_deletes(kind: Any, mapped_errors: Any) -> list[Finding]:
         client.close()
 
 
-def _probe(kind: Any, probe: _Probe) -> list[Finding]:
+def _probe(kind: S3Target, probe: _Probe) -> list[Finding]:
     opted_out = not kind.options.conditional_deletes
     needs = (
         f"needs s3:PutObject and s3:AbortMultipartUpload on {probe.where}*, and s3:GetObject, "
@@ -204,11 +210,13 @@ def _unsupported(exc: StoreError) -> bool:
 class _Probe:
     """The probe objects of one run of the probe, and their removal."""
 
-    def __init__(self, client: Any, bucket: str, where: str, mapped_errors: Any) -> None:
+    def __init__(
+        self, client: S3Client, bucket: str, where: str, mapped_errors: ErrorMapper
+    ) -> None:
         self.client = client
         self.bucket = bucket
         self.where = where
-        self.mapped_errors: Callable[[], contextlib.AbstractContextManager[None]] = mapped_errors
+        self.mapped_errors = mapped_errors
         #: Every probe key written, with the ETag to delete it by.
         self.written: dict[str, str] = {}
 
@@ -288,7 +296,7 @@ class _Probe:
             raise
         return ""
 
-    def _listing(self, key: str) -> Iterator[dict[str, Any]]:
+    def _listing(self, key: str) -> Iterator[ObjectTypeDef]:
         with self.mapped_errors():
             answer = self.client.list_objects_v2(Bucket=self.bucket, Prefix=key, MaxKeys=1)
         yield from (o for o in answer.get("Contents", []) if o["Key"] == key)
@@ -321,7 +329,7 @@ class _Probe:
                 self._delete("DeleteObject", key, self._listed_etag(key) or self.written[key])
             with self.mapped_errors():
                 listing = self.client.list_object_versions(Bucket=self.bucket, Prefix=key)
-                versions = [
+                versions: list[ObjectIdentifierTypeDef] = [
                     {"Key": v["Key"], "VersionId": v["VersionId"]}
                     for v in (*listing.get("Versions", []), *listing.get("DeleteMarkers", []))
                     if v["Key"] == key and v.get("VersionId") not in (None, "null")

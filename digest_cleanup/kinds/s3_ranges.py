@@ -13,7 +13,10 @@ space exactly whatever the keys are; a poor guess only makes them uneven.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 #: Sorts after every key that starts with a given stem followed by anything else
 #: (the highest code point; XML 1.0 allows it, so it can travel in a request).
@@ -25,7 +28,7 @@ SPLIT_PROBES = 40
 SPLIT_GROUPS = 16
 
 
-def split(client: Any, bucket: str, prefix: str, after: str, parts: int) -> list[str]:
+def split(client: S3Client, bucket: str, prefix: str, after: str, parts: int) -> list[str]:
     """Up to ``parts - 1`` boundaries that cut the keys under ``prefix`` after ``after``.
 
     It costs at most :data:`SPLIT_PROBES` one-key listing requests.  The common
@@ -76,7 +79,7 @@ def _cut(groups: list[tuple[str, float]], parts: int, after: str) -> list[str]:
 class _Probe:
     """One-key listing requests under a prefix, within a budget."""
 
-    def __init__(self, client: Any, bucket: str, prefix: str, after: str) -> None:
+    def __init__(self, client: S3Client, bucket: str, prefix: str, after: str) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix

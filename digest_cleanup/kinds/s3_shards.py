@@ -27,20 +27,29 @@ Memory stays flat: the threads hand pages over through one bounded queue.  A
 listing of one page or less is listed sequentially with plain-key cursors, as
 is a scan resumed from a plain-key cursor: a scan keeps the cursor style it
 started with.
+
+It is long because the cursor, both ways of cutting a prefix and the threads
+that list the pieces must agree exactly on what was given; apart, each would
+restate the others' rules.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import queue
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 from digest_cleanup.errors import PermanentError
 from digest_cleanup.kinds.s3_ranges import split
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import ListObjectsV2OutputTypeDef, ObjectTypeDef
 
 #: Sub-prefixes listed at the same time by one listing.  Measured on a 2-core
 #: machine against ``weed mini`` (four weekly folders): 2 streams listed 1.6x as
@@ -52,9 +61,20 @@ READ_AHEAD_PAGES = 2 * LIST_SHARDS
 MARK = "\x00"
 #: Seconds a blocked producer waits before checking whether the listing was dropped.
 _POLL_SECONDS = 0.2
-_DONE = object()
 
-Objects = list[dict[str, Any]]
+
+class _Done(enum.Enum):
+    """The end of one shard's listing, as its producer queues it."""
+
+    DONE = "done"
+
+
+_DONE: Final = _Done.DONE
+
+Objects = list["ObjectTypeDef"]
+#: ListObjectsV2 paginator arguments.  A plain dict: ``MaxKeys`` is not among the
+#: stubs' paginate arguments, yet botocore sends it with every page's request.
+PageRequest = dict[str, Any]
 
 
 @dataclasses.dataclass
@@ -85,7 +105,7 @@ class ShardCursor:
 
 
 def pages(
-    client: Any, bucket: str, prefix: str, start_after: str | None, page_size: int
+    client: S3Client, bucket: str, prefix: str, start_after: str | None, page_size: int
 ) -> Iterator[tuple[Objects, str]]:
     """Every object under ``prefix`` not yet given, page by page, each with its cursor."""
     if start_after is not None and not start_after.startswith(MARK):
@@ -107,7 +127,9 @@ def pages(
     yield from _merged(client, bucket, prefix, page_size, state, _SubPrefixes(subs))
 
 
-def _ranged(client: Any, bucket: str, prefix: str, page_size: int) -> Iterator[tuple[Objects, str]]:
+def _ranged(
+    client: S3Client, bucket: str, prefix: str, page_size: int
+) -> Iterator[tuple[Objects, str]]:
     """A prefix without sub-prefixes to shard by: its first page, then key ranges at once."""
     first = checked(client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=page_size), prefix)
     contents: Objects = first.get("Contents", [])
@@ -126,7 +148,7 @@ def _ranged(client: Any, bucket: str, prefix: str, page_size: int) -> Iterator[t
 
 
 def _merged(
-    client: Any,
+    client: S3Client,
     bucket: str,
     prefix: str,
     page_size: int,
@@ -175,14 +197,14 @@ class _Ranges:
 
 
 def segments(
-    client: Any, bucket: str, prefix: str, page_size: int, *, complete: bool = False
+    client: S3Client, bucket: str, prefix: str, page_size: int, *, complete: bool = False
 ) -> tuple[Objects, list[str]] | None:
     """The keys directly under ``prefix`` and its sorted sub-prefixes, or None to list plainly.
 
     A listing is sharded only when one delimited page names at least two
     sub-prefixes; with ``complete`` (resuming a sharded listing) every page is read.
     """
-    params: dict[str, Any] = {
+    params: PageRequest = {
         "Bucket": bucket,
         "Prefix": prefix,
         "Delimiter": "/",
@@ -200,13 +222,15 @@ def segments(
     return direct, sorted(subs)
 
 
-def listed(responses: Iterable[dict[str, Any]], prefix: str) -> Iterator[dict[str, Any]]:
+def listed(
+    responses: Iterable[ListObjectsV2OutputTypeDef], prefix: str
+) -> Iterator[ListObjectsV2OutputTypeDef]:
     """Each page of a ListObjectsV2 paginator, each checked with :func:`checked`."""
     for response in responses:
         yield checked(response, prefix)
 
 
-def checked(response: dict[str, Any], prefix: str) -> dict[str, Any]:
+def checked(response: ListObjectsV2OutputTypeDef, prefix: str) -> ListObjectsV2OutputTypeDef:
     """A ListObjectsV2 page, unless it cannot be followed or names a key it could not write.
 
     botocore's paginator ends quietly at a page that says ``IsTruncated`` but gives
@@ -252,7 +276,7 @@ def _close(state: ShardCursor, sub: str, subs: list[str]) -> None:
 
 
 def _sequential(
-    client: Any,
+    client: S3Client,
     bucket: str,
     prefix: str,
     start_after: str | None,
@@ -261,7 +285,7 @@ def _sequential(
     through: str | None = None,
 ) -> Iterator[tuple[Objects, str]]:
     """One listing in key order, up to and including ``through``; the cursor is the last key."""
-    params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
+    params: PageRequest = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
     if start_after:
         params["StartAfter"] = start_after
     for response in listed(client.get_paginator("list_objects_v2").paginate(**params), prefix):
@@ -280,12 +304,14 @@ def _sequential(
 class _Lister:
     """Lists sub-prefixes on threads into one bounded queue of ``(sub-prefix, page)``."""
 
-    def __init__(self, client: Any, bucket: str, page_size: int) -> None:
+    def __init__(self, client: S3Client, bucket: str, page_size: int) -> None:
         self.client = client
         self.bucket = bucket
         self.page_size = page_size
         self.active: set[str] = set()
-        self.out: queue.Queue[tuple[str, Any]] = queue.Queue(READ_AHEAD_PAGES)
+        self.out: queue.Queue[tuple[str, Objects | BaseException | _Done]] = queue.Queue(
+            READ_AHEAD_PAGES
+        )
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(LIST_SHARDS, thread_name_prefix="s3-list")
 
@@ -293,7 +319,7 @@ class _Lister:
         self.active.add(shard)
         self.pool.submit(self._produce, shard, prefix, start_after, through)
 
-    def next(self) -> tuple[str, Any]:
+    def next(self) -> tuple[str, Objects | _Done]:
         """The next page from any sub-prefix, or its end; a listing error is raised here."""
         sub, key = self.out.get()
         if key is _DONE:
@@ -316,7 +342,7 @@ class _Lister:
             return
         self._put(shard, _DONE)
 
-    def _put(self, sub: str, key: Any) -> bool:
+    def _put(self, sub: str, key: Objects | BaseException | _Done) -> bool:
         """Queue ``key`` unless the listing was dropped; False once it was."""
         while not self.stop.is_set():
             try:

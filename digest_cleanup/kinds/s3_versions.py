@@ -42,7 +42,7 @@ import dataclasses
 import os
 from collections.abc import Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from digest_cleanup.errors import PermanentError, TransientError
 from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, Outcome, Page
@@ -50,30 +50,49 @@ from digest_cleanup.kinds.s3_client import aware, mapped_errors
 from digest_cleanup.kinds.s3_delete import VERSION_SEPARATOR, Batch, Deletion
 
 if TYPE_CHECKING:
-    from digest_cleanup.kinds.s3 import S3Kind
+    from mypy_boto3_s3.type_defs import (
+        ListObjectVersionsOutputTypeDef,
+        ListObjectVersionsRequestTypeDef,
+        ObjectVersionTypeDef,
+    )
+
+    from digest_cleanup.kinds.s3_options import S3Target
+
+    class Entry(ObjectVersionTypeDef):
+        """A listed version or delete marker (whose fields are a version's), and which."""
+
+        marker: bool
+
 
 #: The code of a delete marker kept because a data version of its key stayed.
 MARKER_KEPT = "marker_kept"
 
 
-def scan_versions(kind: S3Kind, cutoff: datetime, start_after: str | None) -> Iterator[Page]:
+def scan_versions(kind: S3Target, cutoff: datetime, start_after: str | None) -> Iterator[Page]:
     """Group versions by key; a key expires when its newest data version is old.
 
     A page ends at the last key it completes, so a key's versions are never split
     over two pages (the sweep's batches rely on it).
     """
     kind.require_versioning()
+    # A plain dict: ``KeyMarker`` is not among the stubs' paginate arguments, yet
+    # botocore sends it with the first page's request.
     params: dict[str, Any] = {"Bucket": kind.options.bucket, "Prefix": kind.options.prefix}
     if start_after:
         params["KeyMarker"] = start_after
     paginator = kind.client.get_paginator("list_object_versions")
     key: str | None = None
-    group: list[dict[str, Any]] = []
+    group: list[Entry] = []
     for response in paginator.paginate(**params):
-        entries = [
-            *({**v, "marker": False} for v in response.get("Versions", [])),
-            *({**m, "marker": True} for m in response.get("DeleteMarkers", [])),
-        ]
+        # A cast, as mypy types no TypedDict spread into a dict literal: each is an Entry,
+        # since a delete marker's fields are among a version's.
+        entries = cast(
+            "list[Entry]",
+            [
+                *({**v, "marker": False} for v in response.get("Versions", [])),
+                *({**m, "marker": True} for m in response.get("DeleteMarkers", [])),
+            ],
+        )
         _refuse_mangled_keys(kind, response, entries)
         entries.sort(key=lambda e: e["Key"])  # stable: keeps each key's newest-first order
         expired: list[str] = []
@@ -90,7 +109,9 @@ def scan_versions(kind: S3Kind, cutoff: datetime, start_after: str | None) -> It
         yield Page(scanned=0, expired=_expired_versions(key, group, cutoff), cursor=key)
 
 
-def _refuse_mangled_keys(kind: S3Kind, response: Any, entries: list[dict[str, Any]]) -> None:
+def _refuse_mangled_keys(
+    kind: S3Target, response: ListObjectVersionsOutputTypeDef, entries: list[Entry]
+) -> None:
     """Fail the listing if a server that ignored ``encoding-type=url`` replaced a character.
 
     SeaweedFS 4.48 writes a control character in a ListObjectVersions key as U+FFFD;
@@ -109,7 +130,7 @@ def _refuse_mangled_keys(kind: S3Kind, response: Any, entries: list[dict[str, An
         )
 
 
-def _expired_versions(key: str, group: list[dict[str, Any]], cutoff: datetime) -> list[str]:
+def _expired_versions(key: str, group: list[Entry], cutoff: datetime) -> list[str]:
     """Every version of ``key``, data versions first, unless its newest data version is new.
 
     A key with only delete markers left expires too.  Markers come last so that a
@@ -140,7 +161,7 @@ class VersionedDeletion(Deletion):
         open_ = batch.open()
         if not open_:
             return
-        names = [self._identifier(key) for key in batch.keys]
+        names = [self._name(key) for key in batch.keys]
         try:
             stored = self._stored_versions(sorted({names[i]["Key"] for i in open_}))
         except (TransientError, PermanentError) as exc:
@@ -174,7 +195,7 @@ class VersionedDeletion(Deletion):
     ) -> bool:
         """Settle marker ``index`` as kept, and say so, when a data version of ``key`` stays."""
         gone = {
-            self._identifier(batch.keys[j])["VersionId"]
+            self._name(batch.keys[j])["VersionId"]
             for j in mine
             if batch.done[j].outcome is Outcome.DELETED
         }
@@ -225,7 +246,7 @@ class VersionedDeletion(Deletion):
         last = keys[-1]
         # By character on purpose: an S3 key is a string, not a path.
         prefix = os.path.commonprefix([keys[0], last])  # noqa: RUF071
-        params: dict[str, Any] = {"Bucket": self.options.bucket, "Prefix": prefix}
+        params: ListObjectVersionsRequestTypeDef = {"Bucket": self.options.bucket, "Prefix": prefix}
         if keys[0][:-1]:
             params["KeyMarker"] = keys[0][:-1]
         with mapped_errors():
