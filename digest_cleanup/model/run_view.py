@@ -1,8 +1,8 @@
 """The record of one run, a Redis hash: its fields, its statuses, and the rule that ends it.
 
 A run is ``running`` until the step that leaves the sweep done and nothing in
-flight settles its final status with :data:`FINISH_LUA`; :class:`RunView` is a
-read-only snapshot of the hash.
+flight settles its final status (``finish`` in the store's ``finish.lua``);
+:class:`RunView` is a read-only snapshot of the hash.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any, Literal
-
-from digest_cleanup.config.targets import DEFAULT_MAX_SKIPPED_SHARE
 
 #: Counters every run carries, all starting at 0.
 COUNTERS = (
@@ -42,48 +40,6 @@ SKIPPED_SHARE_EXCEEDED = "max_skipped_share_exceeded"
 #: Statuses a run can be in; the last three are final until a redrive reopens it.
 Status = Literal["running", "complete", "complete_with_failures", "failed"]
 FINAL_STATUSES = frozenset({"complete", "complete_with_failures", "failed"})
-
-#: Lua ``finish(run, now)``: end the run if the sweep is done and nothing is in flight,
-#: with its final status: ``failed`` when the counts do not add up,
-#: ``complete_with_failures`` when a key was dead-lettered or more than the run's
-#: ``max_skipped_share`` of its expired keys was skipped, else ``complete``.  A run
-#: opened before that field existed is held to the default.  The scripts that record
-#: a batch and save a checkpoint start with it, since either can be the step that ends
-#: a run.
-FINISH_LUA = (
-    """
-local function finish(run, now)
-  local h = redis.call('HMGET', run, 'status', 'sweep_done', 'inflight', 'expired',
-                       'deleted', 'dead_lettered', 'skipped', 'max_skipped_share')
-  if h[2] ~= '1' or tonumber(h[3]) ~= 0 or h[1] ~= 'running' then return 0 end
-  local expired, deleted = tonumber(h[4]), tonumber(h[5])
-  local dead, skipped = tonumber(h[6]), tonumber(h[7])
-  local share = tonumber(h[8]) or """
-    + repr(DEFAULT_MAX_SKIPPED_SHARE)
-    + """
-  local status = 'complete'
-  if expired ~= deleted + dead + skipped then
-    status = 'failed'
-    redis.call('HSET', run, 'reason', 'accounting_mismatch',
-      'message', 'expired (' .. expired .. ') != deleted + dead_lettered + skipped (' ..
-      (deleted + dead + skipped) .. ')')
-  elseif skipped > share * expired then
-    status = 'complete_with_failures'
-    redis.call('HSET', run, 'reason', '"""
-    + SKIPPED_SHARE_EXCEEDED
-    + """',
-      'message', 'skipped ' .. skipped .. ' of ' .. expired .. ' expired keys, more than ' ..
-      'max_skipped_share (' .. share .. ') allows; the audit report ' ..
-      'lists each with its code (not_deleted.jsonl): find what rewrites them, or raise ' ..
-      'max_skipped_share on the target')
-  elseif dead > 0 then
-    status = 'complete_with_failures'
-  end
-  redis.call('HSET', run, 'status', status, 'ended_at', now)
-  return 1
-end
-"""
-)
 
 
 @dataclasses.dataclass(frozen=True)

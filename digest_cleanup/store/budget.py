@@ -39,6 +39,7 @@ import redis
 
 from digest_cleanup.kinds import KeyResult
 from digest_cleanup.store.keys import Keyspace, as_text
+from digest_cleanup.store.scripts import Script
 
 #: Seconds of budget one moment may spend at once: a little over one 500-key batch at
 #: 3,300 keys/s, well inside the second of burst S3 is reported to absorb.
@@ -64,107 +65,6 @@ WAIT_SHARE_OF_VISIBILITY = 0.25
 DEFER_SECONDS = 5.0
 #: A budget nobody drew on for this long is forgotten (its rate starts at the ceiling).
 IDLE_TTL_MS = 24 * 3600 * 1000
-
-_READ_STATE = """
-local function now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-local function state(key, ceiling, increase_every, increase_share)
-  local h = redis.call('HMGET', key, 'rate', 'tat', 'paused_until', 'epoch', 'changed_at',
-                       'ceiling')
-  local t = now()
-  local rate = tonumber(h[1])
-  local changed = tonumber(h[5]) or t
-  if rate == nil or tonumber(h[6]) ~= ceiling or rate > ceiling then
-    rate, changed = ceiling, t
-  elseif rate < ceiling and t - changed >= increase_every then
-    local steps = math.floor((t - changed) / increase_every)
-    rate = math.min(ceiling, rate + steps * increase_share * ceiling)
-    changed = changed + steps * increase_every
-  end
-  return t, rate, tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0, changed
-end
-"""
-
-#: Reserve ARGV[1] keys of budget, unless the wait would pass ARGV[2] seconds.
-#: Returns {granted (1/0), wait, epoch, rate} (numbers as strings: Lua would truncate).
-RESERVE_LUA = (
-    _READ_STATE
-    + """
-local key = KEYS[1]
-local keys, max_wait, ceiling = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local burst, ttl = tonumber(ARGV[4]), tonumber(ARGV[7])
-local t, rate, tat, paused, epoch, changed = state(key, ceiling, tonumber(ARGV[5]),
-                                                   tonumber(ARGV[6]))
-local start = math.max(tat, t, paused)
-local after = start + keys / rate
-local wait = math.max(after - burst - t, paused - t, 0)
-if wait > max_wait then
-  redis.call('HSET', key, 'rate', rate, 'changed_at', changed, 'ceiling', ceiling)
-  redis.call('HINCRBY', key, 'deferred', 1)
-  redis.call('PEXPIRE', key, ttl)
-  return {0, tostring(wait), tostring(epoch), tostring(rate)}
-end
-redis.call('HSET', key, 'rate', rate, 'changed_at', changed, 'ceiling', ceiling, 'tat', after)
-redis.call('HINCRBY', key, 'reserved_keys', keys)
-if wait > 0 then
-  redis.call('HINCRBY', key, 'waits', 1)
-  redis.call('HINCRBYFLOAT', key, 'wait_seconds', wait)
-end
-redis.call('PEXPIRE', key, ttl)
-return {1, tostring(wait), tostring(epoch), tostring(rate)}
-"""
-)
-
-#: S3 pushed back: lower the rate (at most once per ARGV[4] s), pause ARGV[5] s if > 0,
-#: and drop every outstanding reservation (their holders see the new epoch).
-#: Returns {rate, epoch, paused_until - now}.
-THROTTLED_LUA = (
-    _READ_STATE
-    + """
-local key = KEYS[1]
-local ceiling, factor, floor_share = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local every, pause, burst, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]),
-  tonumber(ARGV[9])
-local t, rate, tat, paused, epoch, changed = state(key, ceiling, tonumber(ARGV[7]),
-                                                   tonumber(ARGV[8]))
-redis.call('HINCRBY', key, 'throttles', 1)
-local bumped = false
-local last = tonumber(redis.call('HGET', key, 'decreased_at')) or 0
-if t - last >= every then
-  rate = math.max(ceiling * floor_share, rate * factor)
-  changed = t
-  redis.call('HSET', key, 'decreased_at', t)
-  redis.call('HINCRBY', key, 'decreases', 1)
-  bumped = true
-end
-if pause > 0 and t + pause > paused then
-  paused = t + pause
-  redis.call('HSET', key, 'paused_until', paused)
-  redis.call('HINCRBY', key, 'pauses', 1)
-  bumped = true
-end
-if bumped then
-  epoch = epoch + 1
-  -- No burst right after a throttle: the next batch waits one full interval.
-  redis.call('HSET', key, 'epoch', epoch, 'tat', math.max(t, paused) + burst)
-end
-redis.call('HSET', key, 'rate', rate, 'changed_at', changed, 'ceiling', ceiling)
-redis.call('PEXPIRE', key, ttl)
-return {tostring(rate), tostring(epoch), tostring(math.max(paused - t, 0))}
-"""
-)
-
-#: The budget as it stands, written nowhere: {rate, paused_until - now}.
-PEEK_LUA = (
-    _READ_STATE
-    + """
-local t, rate, tat, paused = state(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]),
-                                   tonumber(ARGV[3]))
-return {tostring(rate), tostring(math.max(paused - t, 0))}
-"""
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,23 +133,23 @@ class DeleteBudget:
         self.ceiling = float(ceiling)
         self.key = Keyspace(client, prefix).key("budget", target)
         self._sleep = sleep
-        self._reserve = client.register_script(RESERVE_LUA)
-        self._throttled = client.register_script(THROTTLED_LUA)
-        self._peek = client.register_script(PEEK_LUA)
+        self._reserve = Script(client, "budget_reserve.lua")
+        self._throttled = Script(client, "budget_throttled.lua")
+        self._peek = Script(client, "budget_peek.lua")
 
     def reserve(self, keys: int, max_wait: float) -> Grant:
         """Reserve ``keys`` keys of budget, unless the wait would pass ``max_wait`` seconds."""
         granted, wait, epoch, rate = self._reserve(
-            keys=[self.key],
-            args=[
-                keys,
-                max_wait,
-                self.ceiling,
-                BURST_SECONDS,
-                INCREASE_EVERY,
-                INCREASE_SHARE,
-                IDLE_TTL_MS,
-            ],
+            keys={"budget": self.key},
+            args={
+                "keys": keys,
+                "max_wait": max_wait,
+                "ceiling": self.ceiling,
+                "burst": BURST_SECONDS,
+                "increase_every": INCREASE_EVERY,
+                "increase_share": INCREASE_SHARE,
+                "ttl": IDLE_TTL_MS,
+            },
         )
         return Grant(int(granted) == 1, float(wait), int(float(epoch)), float(rate))
 
@@ -270,18 +170,18 @@ class DeleteBudget:
     def throttled(self, pause: float | None = None) -> float:
         """S3 answered SlowDown: lower the shared rate, and pause it for ``pause`` seconds."""
         rate, _epoch, _paused = self._throttled(
-            keys=[self.key],
-            args=[
-                self.ceiling,
-                DECREASE_FACTOR,
-                FLOOR_SHARE,
-                DECREASE_EVERY,
-                pause or 0.0,
-                BURST_SECONDS,
-                INCREASE_EVERY,
-                INCREASE_SHARE,
-                IDLE_TTL_MS,
-            ],
+            keys={"budget": self.key},
+            args={
+                "ceiling": self.ceiling,
+                "factor": DECREASE_FACTOR,
+                "floor_share": FLOOR_SHARE,
+                "every": DECREASE_EVERY,
+                "pause": pause or 0.0,
+                "burst": BURST_SECONDS,
+                "increase_every": INCREASE_EVERY,
+                "increase_share": INCREASE_SHARE,
+                "ttl": IDLE_TTL_MS,
+            },
         )
         return float(rate)
 
@@ -303,7 +203,12 @@ class DeleteBudget:
     def state(self) -> BudgetState:
         """The budget as it stands (a budget never drawn on reads as its ceiling)."""
         rate, paused_for = self._peek(
-            keys=[self.key], args=[self.ceiling, INCREASE_EVERY, INCREASE_SHARE]
+            keys={"budget": self.key},
+            args={
+                "ceiling": self.ceiling,
+                "increase_every": INCREASE_EVERY,
+                "increase_share": INCREASE_SHARE,
+            },
         )
         raw = {as_text(k): as_text(v) for k, v in self.redis.hgetall(self.key).items()}
         return BudgetState(

@@ -41,15 +41,9 @@ from typing import Any
 from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import DeadLetterError
 from digest_cleanup.model.dead_letters import Entry, decode_entry, keys_digest, who
-from digest_cleanup.store.dead_letter_scripts import (
-    ABSORB_INDEXED_LUA,
-    ABSORB_LUA,
-    MERGE_LUA,
-    PURGE_LUA,
-    REDRIVE_LUA,
-)
 from digest_cleanup.store.keys import as_text
 from digest_cleanup.store.runs import RunStore
+from digest_cleanup.store.scripts import Script
 
 logger = logging.getLogger("digest_cleanup.dead_letter")
 
@@ -61,6 +55,8 @@ FAILED_RUN_NOTE = (
 #: Queued messages one absorbing script call moves at most: 50 of 500 keys each keep
 #: Redis busy for about 30 ms, a pause the workers sharing it do not notice.
 _ABSORB_BATCH = 50
+#: The index keys a merge changes (it leaves the arrival order and the per-run sets).
+MERGED = ("entries", "stats", "digests", "copies")
 #: Entries read from Redis per round trip when listing.
 _LOAD_CHUNK = 500
 
@@ -86,26 +82,28 @@ class DeadLetterQueue:
         self.work_exchange = work_exchange or work_queue
         self.work_routing_key = work_routing_key or work_queue
         self.key_prefix = runs.prefix
-        self._absorb = client.register_script(ABSORB_LUA)
-        self._absorb_indexed = client.register_script(ABSORB_INDEXED_LUA)
-        self._merge = client.register_script(MERGE_LUA)
-        self._redrive = client.register_script(REDRIVE_LUA)
-        self._purge = client.register_script(PURGE_LUA)
+        self._absorb = Script(client, "dead_letter_absorb.lua")
+        self._absorb_indexed = Script(client, "dead_letter_absorb_indexed.lua")
+        self._merge = Script(client, "dead_letter_merge.lua")
+        self._redrive = Script(client, "dead_letter_redrive.lua")
+        self._purge = Script(client, "dead_letter_purge.lua")
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.key_prefix, "dlq", *parts))
 
-    def _index_keys(self, run_id: str, target: str) -> list[str]:
-        """The index keys one entry lives in, in the scripts' order."""
-        return [
-            self._key("entries"),
-            self._key("order"),
-            self._key("copies"),
-            self._key("stats"),
-            self._key("digests"),
-            self._key("run", run_id),
-            self._key("target", target),
-        ]
+    def _index_keys(self, run_id: str, target: str) -> dict[str, str]:
+        """The index keys one entry lives in, by their names in the scripts."""
+        return {
+            **self._shared_keys(),
+            "by_run": self._key("run", run_id),
+            "by_target": self._key("target", target),
+        }
+
+    def _shared_keys(self) -> dict[str, str]:
+        """The index keys every entry shares."""
+        return {
+            name: self._key(name) for name in ("entries", "order", "copies", "stats", "digests")
+        }
 
     def absorb(self) -> int:
         """Index every message workers published since the last read; returns how many.
@@ -117,11 +115,12 @@ class DeadLetterQueue:
         nothing is lost and one redrive still covers the batch.
         """
         moved = 0
-        bulk_keys = [self.queue, *self._index_keys("", "")[:5]]
+        bulk_keys = {"queue": self.queue, **self._shared_keys()}
         while True:
             # Messages that carry their index headers move in bulk, inside Redis.
             step = int(self._absorb_indexed(
-                keys=bulk_keys, args=[_ABSORB_BATCH, time.time(), self._key("")]
+                keys=bulk_keys,
+                args={"limit": _ABSORB_BATCH, "now": time.time(), "prefix": self._key("")},
             ))  # fmt: skip
             moved += step
             raw = self.redis.lindex(self.queue, -1)
@@ -136,14 +135,15 @@ class DeadLetterQueue:
         # A poison message's digest is of its bytes, which need not even be UTF-8.
         whole = raw.decode("utf-8", "backslashreplace")
         digest = keys_digest(entry.keys) if entry.payload else keys_digest([whole])
-        index = self._index_keys(entry.run_id, entry.target)
-        entries, _, copies, stats, digests = index[:5]
-        args: list[str | int | float | bytes] = [raw, entry.id, time.time(), entry.key_count,
-                                                 digest]  # fmt: skip
-        result = int(self._absorb(keys=[self.queue, *index], args=args))
+        keys = {"queue": self.queue, **self._index_keys(entry.run_id, entry.target)}
+        args: dict[str, str | int | float | bytes] = {
+            "raw": raw, "id": entry.id, "now": time.time(), "key_count": entry.key_count,
+            "digest": digest,
+        }  # fmt: skip
+        result = int(self._absorb(keys=keys, args=args))
         if result >= 0:
             return result
-        existing: bytes | None = self.redis.hget(entries, entry.id)  # type: ignore[assignment]
+        existing: bytes | None = self.redis.hget(keys["entries"], entry.id)  # type: ignore[assignment]
         if existing is None:
             return 0  # taken meanwhile; the next pass files the message afresh
         try:
@@ -152,11 +152,18 @@ class DeadLetterQueue:
             # A message the merge cannot read would stay at the queue's tail and fail every
             # later read; filed under an id of its own instead, it is listed and can be purged.
             logger.warning("dead letter %s kept apart, not merged: %r", entry.id, exc)
-            args[1] = f"{entry.id}~{digest[:8]}"
-            return max(0, int(self._absorb(keys=[self.queue, *index], args=args)))
+            args["id"] = f"{entry.id}~{digest[:8]}"
+            return max(0, int(self._absorb(keys=keys, args=args)))
         done = self._merge(
-            keys=[self.queue, entries, stats, digests, copies],
-            args=[raw, entry.id, existing, merged, keys_digest(decode_entry(merged).keys), added],
+            keys={"queue": self.queue, **{k: keys[k] for k in MERGED}},
+            args={
+                "raw": raw,
+                "id": entry.id,
+                "existing": existing,
+                "merged": merged,
+                "digest": keys_digest(decode_entry(merged).keys),
+                "added": added,
+            },
         )
         return int(done)
 
@@ -240,29 +247,29 @@ class DeadLetterQueue:
     def redrive_one(self, entry: Entry) -> bool:
         """Move one entry back onto the work queue; False when it was no longer there.
 
-        Callers check first that it may go (see :mod:`digest_cleanup.ops.redrive_checks`).
+        Callers check first that it may go (see :mod:`digest_cleanup.ops.redrive`).
         """
         if entry.payload is None:
             raise DeadLetterError(f"{entry.id} is a poison entry and cannot be redriven")
         n = self._redrive(
-            keys=[
-                *self._index_keys(entry.run_id, entry.target),
-                self.work_queue,
-                self.runs.run_key(entry.run_id),
-                self.runs.run_key(entry.run_id, "pending"),
-                self.runs.run_key(entry.run_id, "redriven"),
-                self.runs.run_key(entry.run_id, "chains"),
-            ],
-            args=[
-                entry.id,
-                entry.key_count,
-                time.time(),
-                entry.payload.batch_id,
-                now_iso("seconds"),
-                self.work_exchange,
-                self.work_routing_key,
-                FAILED_RUN_NOTE,
-            ],
+            keys={
+                **self._index_keys(entry.run_id, entry.target),
+                "work": self.work_queue,
+                "run": self.runs.run_key(entry.run_id),
+                "pending": self.runs.run_key(entry.run_id, "pending"),
+                "redriven": self.runs.run_key(entry.run_id, "redriven"),
+                "chains": self.runs.run_key(entry.run_id, "chains"),
+            },
+            args={
+                "id": entry.id,
+                "key_count": entry.key_count,
+                "now_epoch": time.time(),
+                "batch": entry.payload.batch_id,
+                "now": now_iso("seconds"),
+                "exchange": self.work_exchange,
+                "routing_key": self.work_routing_key,
+                "failed_note": FAILED_RUN_NOTE,
+            },
         )
         return bool(int(n))
 
@@ -278,8 +285,8 @@ class DeadLetterQueue:
                 "entry": entry.as_dict(),
             }
             removed = self._purge(
-                keys=[*self._index_keys(entry.run_id, entry.target), self._audit_key],
-                args=[entry.id, json.dumps(record), entry.key_count],
+                keys={**self._index_keys(entry.run_id, entry.target), "audit": self._audit_key},
+                args={"id": entry.id, "record": json.dumps(record), "key_count": entry.key_count},
             )
             if int(removed):
                 records.append(record)

@@ -27,110 +27,15 @@ import redis
 from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import RunStateError
 from digest_cleanup.model.batches import BatchPayload, BatchRecord, unpublished_keys
-from digest_cleanup.model.run_view import (
-    COUNTERS,
-    FINISH_LUA,
-    RunView,
-)
+from digest_cleanup.model.run_view import COUNTERS, RunView
 from digest_cleanup.store.keys import RUN_KEY_SUFFIXES, RUN_TTL_SECONDS, as_text
+from digest_cleanup.store.scripts import Script
 from digest_cleanup.store.sweeps import SweepState
 from digest_cleanup.store.target_records import LATENCY_BUCKETS, TargetState
 
-_OPEN_LUA = """
-local run = KEYS[1]
-if redis.call('EXISTS', run) == 1 then return redis.call('HGET', run, 'status') end
-local fields = cjson.decode(ARGV[1])
-for k, v in pairs(fields) do redis.call('HSET', run, k, v) end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-redis.call('SET', KEYS[3], ARGV[3])
-return 'created'
-"""
-
-_RECORD_LUA = (
-    FINISH_LUA
-    + """
-local run, claims, pending, codes, hist = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-if redis.call('EXISTS', run) == 0 then return 'missing' end
-if redis.call('SADD', claims, ARGV[1]) == 0 then return 'duplicate' end
-local r = cjson.decode(ARGV[2])
-redis.call('HINCRBY', run, 'deleted', r.deleted)
-redis.call('HINCRBY', run, 'dead_lettered', r.dead_lettered)
-redis.call('HINCRBY', run, 'skipped', r.skipped)
-redis.call('HINCRBY', run, 'retries', r.retries)
-redis.call('HSET', run, 'last_batch_at', ARGV[3])
-for code, n in pairs(r.codes) do redis.call('HINCRBY', codes, code, n) end
-for _, code in ipairs(r.retried) do redis.call('HINCRBY', KEYS[7], code, 1) end
-for _, line in ipairs(r.skipped_keys) do redis.call('RPUSH', KEYS[8], line) end
-if r.bucket ~= '' then
-  redis.call('HINCRBY', hist, r.bucket, 1)
-  redis.call('HINCRBY', hist, 'count', 1)
-  redis.call('HINCRBYFLOAT', hist, 'sum', r.latency)
-end
-if r.service >= 0 then
-  redis.call('LPUSH', KEYS[6], r.service .. ' ' .. r.delete_seconds .. ' ' .. r.items)
-  redis.call('LTRIM', KEYS[6], 0, 1999)
-end
--- The console's progress chart: the counts just written, one sample an attempt.
-local h = redis.call('HMGET', run, 'deleted', 'dead_lettered', 'skipped')
-local done = tonumber(h[1]) + tonumber(h[2] or 0) + tonumber(h[3] or 0)
-redis.call('RPUSH', KEYS[9], ARGV[4] .. ' ' .. h[1] .. ' ' .. done)
-redis.call('LTRIM', KEYS[9], -tonumber(ARGV[5]), -1)
-local ttl = redis.call('TTL', run)
-if ttl > 0 then redis.call('EXPIRE', KEYS[9], ttl) end
--- A batch is in flight once per chain of attempts: the sweep's, and one per redrive
--- (KEYS[10] counts them).  A chain ends once: a second terminal attempt of it (a
--- redelivery that overlapped its own retry, or a forgery) moves nothing more.
-if r.terminal then
-  local chains, left = KEYS[10], -1
-  if redis.call('HEXISTS', chains, r.batch_id) == 1 then
-    left = redis.call('HINCRBY', chains, r.batch_id, -1)
-    if left < 0 then redis.call('HSET', chains, r.batch_id, 0) end
-  elseif redis.call('ZSCORE', pending, r.batch_id) then
-    left = 0  -- a run from before chains were counted: one chain per batch
-  end
-  if left >= 0 then
-    redis.call('HINCRBY', run, 'inflight', -1)
-    if r.first_generation then redis.call('HINCRBY', run, 'batches_done', 1) end
-    if left == 0 then redis.call('ZREM', pending, r.batch_id) end
-    if finish(run, ARGV[3]) == 1 then return 'finished' end
-  end
-end
-return 'recorded'
-"""
-)
-
-_ABORT_LUA = """
-local run = KEYS[1]
-if redis.call('EXISTS', run) == 0 then return 'missing' end
-local status = redis.call('HGET', run, 'status')
--- A failed run still deletes what an operator redrives; aborting it stops that too.
-local reason = redis.call('HGET', run, 'reason')
-if status ~= 'running' and not (status == 'failed' and reason ~= 'aborted') then
-  return status
-end
-redis.call('HSET', run, 'status', 'failed', 'reason', 'aborted', 'message', ARGV[1],
-           'ended_at', ARGV[2], 'sweep_done', 1)
-redis.call('DEL', KEYS[2])
-return 'aborted'
-"""
-
-_FAIL_LUA = """
-local run = KEYS[1]
-if redis.call('EXISTS', run) == 0 then return 0 end
-redis.call('HSET', run, 'status', 'failed', 'reason', ARGV[1], 'message', ARGV[2],
-           'ended_at', ARGV[3], 'sweep_done', 1)
-return 1
-"""
-
-_DELIVERY_LUA = """
-local n = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-if n > 1 and redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HINCRBY', KEYS[2], 'duplicates', 1)
-end
-return n
-"""
-
-
+#: The run's keys an attempt's record writes, each named in run_record.lua as its suffix.
+_RECORDED = ("claims", "pending", "retry_codes", "retried_codes", "skipped_keys", "progress",
+             "chains")  # fmt: skip
 #: Progress samples kept per run (``run:ID:progress``): one a recorded attempt, so a run of
 #: more attempts keeps its latest ones, enough for the console's chart.
 PROGRESS_SAMPLES = 2000
@@ -141,11 +46,11 @@ class RunStore(SweepState, TargetState):
 
     def __init__(self, client: redis.Redis, prefix: str = "dc") -> None:
         super().__init__(client, prefix)
-        self._open = client.register_script(_OPEN_LUA)
-        self._record = client.register_script(_RECORD_LUA)
-        self._fail = client.register_script(_FAIL_LUA)
-        self._delivery = client.register_script(_DELIVERY_LUA)
-        self._abort = client.register_script(_ABORT_LUA)
+        self._open = Script(client, "run_open.lua")
+        self._record = Script(client, "run_record.lua")
+        self._fail = Script(client, "run_fail.lua")
+        self._delivery = Script(client, "run_delivery.lua")
+        self._abort = Script(client, "run_abort.lua")
 
     def open(self, run_id: str, fields: Mapping[str, Any]) -> str:
         """Create the run unless it exists; return ``created`` or the existing status."""
@@ -161,8 +66,12 @@ class RunStore(SweepState, TargetState):
         }
         target = str(fields["target"])
         result = self._open(
-            keys=[self.run_key(run_id), self.key("runs"), self.latest_key(target)],
-            args=[json.dumps(data), time.time(), run_id],
+            keys={
+                "run": self.run_key(run_id),
+                "runs": self.key("runs"),
+                "latest": self.latest_key(target),
+            },
+            args={"fields": json.dumps(data), "opened_at": time.time(), "run_id": run_id},
         )
         return as_text(result)
 
@@ -224,21 +133,20 @@ class RunStore(SweepState, TargetState):
             ],
         }
         result = self._record(
-            keys=[
-                self.run_key(run_id),
-                self.run_key(run_id, "claims"),
-                self.run_key(run_id, "pending"),
-                self.run_key(run_id, "retry_codes"),
-                self.latency_key(target),
-                self.timings_key(target),
-                self.run_key(run_id, "retried_codes"),
-                self.run_key(run_id, "skipped_keys"),
-                self.run_key(run_id, "progress"),
-                self.run_key(run_id, "chains"),
-            ],
-            args=[rec.claim, json.dumps(payload), now_iso(), round(time.time(), 3),
-                  PROGRESS_SAMPLES],
-        )  # fmt: skip
+            keys={
+                **{name: self.run_key(run_id, name) for name in _RECORDED},
+                "run": self.run_key(run_id),
+                "latency": self.latency_key(target),
+                "timings": self.timings_key(target),
+            },
+            args={
+                "claim": rec.claim,
+                "attempt": json.dumps(payload),
+                "now": now_iso(),
+                "now_epoch": round(time.time(), 3),
+                "progress_samples": PROGRESS_SAMPLES,
+            },
+        )
         return as_text(result)
 
     def skipped_keys(self, run_id: str) -> Iterator[dict[str, str]]:
@@ -258,13 +166,22 @@ class RunStore(SweepState, TargetState):
         """Count one delivery of a batch attempt; more than one is a duplicate delivery."""
         return int(
             self._delivery(
-                keys=[self.run_key(run_id, "deliveries"), self.run_key(run_id)], args=[claim]
+                keys={
+                    "deliveries": self.run_key(run_id, "deliveries"),
+                    "run": self.run_key(run_id),
+                },
+                args={"claim": claim},
             )
         )
 
     def fail(self, run_id: str, reason: str, message: str) -> bool:
         """End a run as ``failed`` with a short reason code and a sentence for humans."""
-        return bool(self._fail(keys=[self.run_key(run_id)], args=[reason, message, now_iso()]))
+        return bool(
+            self._fail(
+                keys={"run": self.run_key(run_id)},
+                args={"reason": reason, "message": message, "now": now_iso()},
+            )
+        )
 
     def abort(self, run_id: str, message: str) -> str:
         """End a running run as ``failed`` (``aborted``), taking its sweep lease away.
@@ -277,8 +194,8 @@ class RunStore(SweepState, TargetState):
         but cannot reopen it; the run's next trigger starts it over.
         """
         result = self._abort(
-            keys=[self.run_key(run_id), self.run_key(run_id, "sweep_lease")],
-            args=[message, now_iso()],
+            keys={"run": self.run_key(run_id), "lease": self.run_key(run_id, "sweep_lease")},
+            args={"message": message, "now": now_iso()},
         )
         return as_text(result)
 

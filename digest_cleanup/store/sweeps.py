@@ -20,54 +20,8 @@ from typing import Any
 import redis
 
 from digest_cleanup.clock import now_iso
-from digest_cleanup.model.run_view import FINISH_LUA
 from digest_cleanup.store.keys import Keyspace, as_text, release
-
-_CHECKPOINT_LUA = (
-    FINISH_LUA
-    + """
-local run, cp, lease, published = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
-if redis.call('EXISTS', run) == 0 then return 'missing' end
--- The fence: only the slice holding the sweep lease may write, and writing renews it.
-if redis.call('GET', lease) ~= ARGV[5] then return 'fenced' end
-redis.call('PEXPIRE', lease, ARGV[6])
-local c = cjson.decode(ARGV[1])
-redis.call('SET', cp, ARGV[1])
-redis.call('HSET', run, 'listed', c.listed, 'expired', c.expired, 'batches', c.seq,
-           'sweep_heartbeat', ARGV[2])
-redis.call('HSET', run, 'sweep_errors', 0)
--- ARGV[7..] is (batch id, published digest) pairs.  A batch enters flight, and is
--- counted in it, once: a chunk sent again keeps the digest it was first published with.
-for i = 7, #ARGV, 2 do
-  if redis.call('HSETNX', published, ARGV[i], ARGV[i + 1]) == 1 then
-    redis.call('HINCRBY', run, 'inflight', 1)
-    redis.call('HSET', KEYS[6], ARGV[i], 1)
-    redis.call('ZADD', KEYS[3], ARGV[3], ARGV[i])
-  end
-end
-if c.done then
-  redis.call('HSET', run, 'sweep_done', 1, 'swept_at', ARGV[2])
-  if finish(run, ARGV[2]) == 1 then return 'finished' end
-end
-return 'saved'
-"""
-)
-
-
-# Staging is fenced like the checkpoint: KEYS[1] the stage, KEYS[2] the sweep lease;
-# ARGV[1] the fence.  _STAGE_LUA appends ARGV[2..]; _KEEP_STAGED_LUA keeps ARGV[2] batches.
-_STAGE_LUA = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
-for i = 2, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
-return redis.call('LLEN', KEYS[1])
-"""
-
-_KEEP_STAGED_LUA = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
-local keep = tonumber(ARGV[2])
-if keep <= 0 then redis.call('DEL', KEYS[1]) else redis.call('LTRIM', KEYS[1], 0, keep - 1) end
-return 0
-"""
+from digest_cleanup.store.scripts import Script
 
 
 class StageFenced(Exception):
@@ -79,9 +33,9 @@ class SweepState(Keyspace):
 
     def __init__(self, client: redis.Redis, prefix: str = "dc") -> None:
         super().__init__(client, prefix)
-        self._checkpoint = client.register_script(_CHECKPOINT_LUA)
-        self._stage = client.register_script(_STAGE_LUA)
-        self._keep_staged = client.register_script(_KEEP_STAGED_LUA)
+        self._checkpoint = Script(client, "sweep_checkpoint.lua")
+        self._stage = Script(client, "sweep_stage.lua")
+        self._keep_staged = Script(client, "sweep_keep_staged.lua")
 
     def take_lease(self, run_id: str, seconds: float) -> str | None:
         """Take the sweep lease of ``run_id`` for ``seconds``; its fence, or None.
@@ -122,23 +76,22 @@ class SweepState(Keyspace):
         A checkpoint is progress, so it also clears the sweep's error count.
         """
         result = self._checkpoint(
-            keys=[
-                self.run_key(run_id),
-                self.run_key(run_id, "checkpoint"),
-                self.run_key(run_id, "pending"),
-                self.run_key(run_id, "sweep_lease"),
-                self.run_key(run_id, "published"),
-                self.run_key(run_id, "chains"),
-            ],
-            args=[
-                json.dumps(checkpoint),
-                now_iso(),
-                time.time(),
-                len(new_batches),
-                lease,
-                int(lease_seconds * 1000),
-                *(part for pair in new_batches.items() for part in pair),
-            ],
+            keys={
+                "run": self.run_key(run_id),
+                "checkpoint": self.run_key(run_id, "checkpoint"),
+                "pending": self.run_key(run_id, "pending"),
+                "lease": self.run_key(run_id, "sweep_lease"),
+                "published": self.run_key(run_id, "published"),
+                "chains": self.run_key(run_id, "chains"),
+            },
+            args={
+                "state": json.dumps(checkpoint),
+                "now": now_iso(),
+                "now_epoch": time.time(),
+                "fence": lease,
+                "lease_ms": int(lease_seconds * 1000),
+            },
+            rest=[part for pair in new_batches.items() for part in pair],
         )
         return as_text(result)
 
@@ -154,8 +107,12 @@ class SweepState(Keyspace):
         Only the holder of the sweep lease ``lease`` appends; any other slice raises
         :class:`StageFenced` having appended nothing, so no key is staged twice.
         """
-        keys = [self.run_key(run_id, "staged"), self.run_key(run_id, "sweep_lease")]
-        result = int(self._stage(keys=keys, args=[lease, *(json.dumps(list(b)) for b in batches)]))
+        keys = {
+            "staged": self.run_key(run_id, "staged"),
+            "lease": self.run_key(run_id, "sweep_lease"),
+        }
+        staged = [json.dumps(list(b)) for b in batches]
+        result = int(self._stage(keys=keys, args={"fence": lease}, rest=staged))
         if result < 0:
             raise StageFenced(run_id)
         return result
@@ -173,8 +130,11 @@ class SweepState(Keyspace):
         checkpoint's cursor, so it drops the leftover first.  Fenced like
         :meth:`stage`: only the holder of ``lease`` trims.
         """
-        keys = [self.run_key(run_id, "staged"), self.run_key(run_id, "sweep_lease")]
-        if int(self._keep_staged(keys=keys, args=[lease, batches])) < 0:
+        keys = {
+            "staged": self.run_key(run_id, "staged"),
+            "lease": self.run_key(run_id, "sweep_lease"),
+        }
+        if int(self._keep_staged(keys=keys, args={"fence": lease, "keep": batches})) < 0:
             raise StageFenced(run_id)
 
     def published_digest(self, run_id: str, batch_id: str) -> bytes | None:

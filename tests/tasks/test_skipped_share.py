@@ -11,11 +11,12 @@ from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.kinds import CHANGED_SINCE_LISTING, Outcome
 from digest_cleanup.model.batches import BatchPayload
-from digest_cleanup.model.run_view import FINISH_LUA, RunView
+from digest_cleanup.model.run_view import RunView
 from digest_cleanup.pipeline.batch import process
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import sweep_slice
+from digest_cleanup.store.scripts import Script, build
 from digest_cleanup.testing import memory
 from digest_cleanup.testing.dispatcher import recording
 
@@ -104,8 +105,10 @@ def test_a_run_opened_before_the_share_existed_is_held_to_the_default(redis_clie
     )  # fmt: skip
 
     # When the finish script runs
-    script = redis_client.register_script(FINISH_LUA + "\nreturn finish(KEYS[1], ARGV[1])")
-    assert script(keys=[run], args=["2026-11-22T03:00:00+00:00"]) == 1
+    finish = build("finish_only.lua", "-- KEYS: run\n-- ARGV: now\n-- include: finish.lua\n"
+                                      "return finish(run, now)")  # fmt: skip
+    script = Script(redis_client, finish)
+    assert script(keys={"run": run}, args={"now": "2026-11-22T03:00:00+00:00"}) == 1
 
     # Then the default share applies
     assert redis_client.hget(run, "status") == b"complete_with_failures"
