@@ -5,8 +5,10 @@ produced a line (our events, Celery, botocore), :func:`install` makes it safe
 before it reaches a handler's stream:
 
 * known secrets (AWS keys, the Redis password) are masked as ``***``;
-* anything that looks like a key of a configured target (it starts with the
-  target's prefix) has its customer segment hashed, see :func:`redact`;
+* anything that looks like a key of a configured target (it starts with one of
+  the leading parts the target's kind declares safe to log,
+  :meth:`~digest_cleanup.kinds.TargetKind.log_prefixes`) has its customer part
+  hashed, see :func:`redact`;
 * loggers that dump whole S3 requests and responses at DEBUG are held at INFO.
 """
 
@@ -39,20 +41,31 @@ QUIET_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
 _ITEM_END = r"\s'\"<>,;&|(){}\[\]"
 
 
-def redact(item: str, settings: Settings) -> str:
+def redact(item: str, settings: Settings, keep: str = "") -> str:
     """Hash the customer segment: ``s/2026-11-22/cust-42.pdf`` -> ``s/2026-11-22/h:1f2e...``.
 
     The segment is ``CLEANUP_LOG_HASH_SEGMENT`` (0-based, ``/``-separated); unset,
     it is the last one, the file name, where digest keys carry the customer.  The
     hash is keyed (HMAC-SHA256 with ``CLEANUP_LOG_HASH_KEY``): a bare hash of a
     customer id is undone by hashing every possible id, a keyed one is not.
+
+    ``keep`` is the leading part of ``item`` that is safe to log (the prefix the
+    scrubber found it by): it is never hashed, so ``session:cust-42`` with
+    ``keep="session:"`` becomes ``session:h:...``.
     """
+    kept = len(keep) if keep and item.startswith(keep) else 0
     parts = item.split("/")
     index = len(parts) - 1 if settings.log_hash_segment is None else settings.log_hash_segment
-    if index < len(parts) and parts[index] and not parts[index].startswith("h:"):
+    if index >= len(parts):
+        return item
+    start = sum(len(p) + 1 for p in parts[:index])
+    # The part of the segment past the kept leading part, if the segment reaches past it.
+    head = parts[index][: max(0, kept - start)]
+    secret = parts[index][len(head) :]
+    if secret and not secret.startswith("h:"):
         key = (settings.log_hash_key or _PROCESS_KEY).encode()
-        digest = hmac.new(key, parts[index].encode(), hashlib.sha256).hexdigest()
-        parts[index] = f"h:{digest[:HASH_DIGITS]}"
+        digest = hmac.new(key, secret.encode(), hashlib.sha256).hexdigest()
+        parts[index] = f"{head}h:{digest[:HASH_DIGITS]}"
     return "/".join(parts)
 
 
@@ -70,7 +83,7 @@ class Scrubber:
         # Longest first, so one prefix that extends another wins the match.
         ordered = sorted(alternatives, key=len, reverse=True)
         self.items = (
-            re.compile("(?:" + "|".join(map(re.escape, ordered)) + f")[^{_ITEM_END}]*")
+            re.compile("(?P<head>" + "|".join(map(re.escape, ordered)) + f")[^{_ITEM_END}]*")
             if ordered
             else None
         )
@@ -83,10 +96,10 @@ class Scrubber:
         return text
 
     def _redact_match(self, match: re.Match[str]) -> str:
-        token = match.group(0)
+        token, head = match.group(0), match.group("head")
         if "/" not in token and "%2f" in token.lower():
-            return quote(redact(unquote(token), self.settings), safe="")
-        return redact(token, self.settings)
+            return quote(redact(unquote(token), self.settings, unquote(head)), safe="")
+        return redact(token, self.settings, head)
 
 
 def log_event(
@@ -157,8 +170,14 @@ def install(logger: logging.Logger, settings: Settings, prefixes: Iterable[str] 
 
 
 def item_prefixes(targets: Iterable[Any]) -> list[str]:
-    """The key prefix of each target whose kind has one (an S3 target's ``prefix``)."""
-    return [p for t in targets if isinstance(p := getattr(t.options, "prefix", None), str) and p]
+    """The leading parts of the targets' keys, as each target's kind declares them.
+
+    ``targets`` are :class:`~digest_cleanup.config.targets.Target` objects; each
+    kind says what its keys start with in :meth:`TargetKind.log_prefixes
+    <digest_cleanup.kinds.TargetKind.log_prefixes>` (an S3 target's ``prefix``, a
+    directory, ``session:``).
+    """
+    return [p for t in targets for p in t.kind_class.log_prefixes(t.options) if p]
 
 
 def _variants(secrets: Iterable[str]) -> list[str]:

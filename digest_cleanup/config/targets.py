@@ -26,7 +26,7 @@ from croniter import CroniterBadDateError, croniter
 from digest_cleanup.clock import utcnow
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import CutoffError, TargetsFileError
-from digest_cleanup.kinds import TargetKind, load_kind
+from digest_cleanup.kinds import Namespace, TargetKind, load_kind
 
 #: Keys in one DeleteObjects-sized batch unless the target says otherwise.
 DEFAULT_BATCH_SIZE = 500
@@ -45,6 +45,8 @@ CATCH_UP_WINDOW = timedelta(days=7)
 #: How far back :meth:`Target.last_slot` looks for a slot before giving up.
 SLOT_SEARCH = CATCH_UP_WINDOW * 5
 
+#: The fields every target may set, whatever its kind: reserved, so no kind's
+#: ``Options`` may use one of these names.
 COMMON_FIELDS = frozenset(
     {
         "kind",
@@ -217,40 +219,47 @@ def parse_targets(
 
 def _check_overlaps(targets: Iterable[Target], audit_url: str | None) -> None:
     placed = [(t, t.kind_class.namespace(t.options)) for t in targets]
-    located = [(t, where) for t, where in placed if where is not None]
-    for i, (a, (store_a, prefix_a)) in enumerate(located):
-        for b, (store_b, prefix_b) in located[i + 1 :]:
-            if store_a != store_b or not _nested(prefix_a, prefix_b):
+    located = [(t, Namespace.of(where)) for t, where in placed if where is not None]
+    for i, (a, where_a) in enumerate(located):
+        for b, where_b in located[i + 1 :]:
+            if not where_a.overlaps(where_b):
                 continue
             if b.name in a.overlaps or a.name in b.overlaps:
                 continue
             raise TargetsFileError(
-                f"targets.{a.name} and targets.{b.name} overlap: {store_a}/{prefix_a} and "
-                f"{store_b}/{prefix_b}; a run of one could delete the other's keys before "
+                f"targets.{a.name} and targets.{b.name} overlap: {_place(where_a)} and "
+                f"{_place(where_b)}; a run of one could delete the other's keys before "
                 f"their retention ends. Give them disjoint prefixes, or, if the overlap is "
                 f'intended, add overlaps = ["{b.name}"] to targets.{a.name}'
             )
     if audit_url is None:
         return
     bucket, _, prefix = audit_url.removeprefix("s3://").partition("/")
-    for t, (store, target_prefix) in located:
-        if store == f"s3://{bucket}" and _nested(prefix, target_prefix):
+    # An S3 prefix is a plain string (no separator): a report key is an S3 key.
+    audit = Namespace(f"s3://{bucket}", prefix)
+    for t, where in located:
+        if where.overlaps(audit):
             raise TargetsFileError(
                 f"CLEANUP_AUDIT_URL: {audit_url} lies in the scope of targets.{t.name} "
-                f"({store}/{target_prefix}), whose runs could delete the audit reports; "
+                f"({_place(where)}), whose runs could delete the audit reports; "
                 "point CLEANUP_AUDIT_URL at a prefix no target covers"
             )
 
 
-def _nested(a: str, b: str) -> bool:
-    """True when some key could start with both prefixes (the empty one starts every key).
+def _place(where: Namespace) -> str:
+    """``store/prefix`` as an overlap error shows it."""
+    return f"{where.store}/{where.prefix}"
 
-    A string test, not a path test, on purpose: a folder ends in ``/`` (S3 refuses a
-    folder prefix without one, PostgreSQL's namespace is ``schema/table/``), so
-    ``data/a/`` never contains ``data/ab/``, while a raw ``statements`` prefix
-    (``prefix_is_folder = false``) really does share keys with ``statements-archive/``.
-    """
-    return a.startswith(b) or b.startswith(a)
+
+def _check_options_names(name: str, kind_class: type[TargetKind]) -> None:
+    """Refuse a kind whose ``Options`` reuse a common field's name: it would never get it."""
+    clash = sorted(COMMON_FIELDS & {f.name for f in dataclasses.fields(kind_class.Options)})
+    if clash:
+        raise TargetsFileError(
+            f"targets.{name}.kind: {kind_class.__module__}.{kind_class.__qualname__}.Options "
+            f"has {', '.join(map(repr, clash))}, reserved for every target "
+            f"({', '.join(sorted(COMMON_FIELDS))}); rename the kind's field"
+        )
 
 
 def parse_target(name: str, table: Mapping[str, Any]) -> Target:
@@ -263,6 +272,7 @@ def parse_target(name: str, table: Mapping[str, Any]) -> Target:
     if not isinstance(kind_name, str):
         raise TargetsFileError(f"targets.{name}.kind: expected a string, got {kind_name!r}")
     kind_class = load_kind(kind_name, target=name)
+    _check_options_names(name, kind_class)
 
     retention = _require(name, table, "retention_days", int)
     if retention < 0:

@@ -1,7 +1,9 @@
 """Target kinds, found by name.
 
-A kind is looked up, in order, among the built-in kinds, the ``digest_cleanup.kinds``
-entry point group (so a kind can live in another package), and finally as a
+A kind is looked up, in order, among the built-in kinds (:data:`BUILTIN_KINDS`, read
+from this source tree, so a kind shipped here works without reinstalling), the
+``digest_cleanup.kinds`` entry point group (so a kind can live in another package;
+Python sees an entry point only once its package is installed), and finally as a
 ``package.module:Class`` import path written straight into the targets file.
 """
 
@@ -15,6 +17,7 @@ from digest_cleanup.kinds.base import (
     CHANGED_SINCE_LISTING,
     Finding,
     KeyResult,
+    Namespace,
     Outcome,
     Page,
     TargetKind,
@@ -24,6 +27,7 @@ __all__ = [
     "CHANGED_SINCE_LISTING",
     "Finding",
     "KeyResult",
+    "Namespace",
     "Outcome",
     "Page",
     "TargetKind",
@@ -55,8 +59,11 @@ def load_kind(name: str, *, target: str = "?") -> type[TargetKind]:
             set(BUILTIN_KINDS) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
         )
         raise TargetsFileError(
-            f"targets.{target}.kind: unknown kind {name!r}; use one of {', '.join(known)} "
-            "or a 'package.module:Class' path"
+            f"targets.{target}.kind: unknown kind {name!r}; the known kinds are "
+            f"{', '.join(known)}, or write a 'package.module:Class' path. A kind registered "
+            f"under the {ENTRY_POINT_GROUP!r} entry point group is known only once its "
+            "package is installed: after adding or renaming the entry point, (re)install "
+            "the package that declares it (for a source tree: pip install -e .)"
         )
     module_name, _, attr = spec.partition(":")
     try:

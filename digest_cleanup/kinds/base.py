@@ -26,10 +26,21 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, ClassVar, Literal, get_type_hints
+from typing import Any, ClassVar, Literal
 
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.errors import TargetsFileError
+from digest_cleanup.kinds.options import parse_dataclass
+
+__all__ = [
+    "CHANGED_SINCE_LISTING",
+    "Finding",
+    "KeyResult",
+    "Namespace",
+    "Outcome",
+    "Page",
+    "TargetKind",
+    "parse_dataclass",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,6 +104,39 @@ class Finding:
     #: A short, stable reason code for a problem a run refuses to start on, such as
     #: ``conditions_not_honoured``; empty for the rest.
     code: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Namespace:
+    """Where a target's keys live, for the check that refuses two nested targets.
+
+    Two targets overlap when they name the same ``store`` and some key could start
+    with both prefixes.  With no ``separator`` a prefix is a plain string, as a raw
+    S3 prefix is (``statements`` does share keys with ``statements-archive/``).  With
+    one (``"/"``) it names a folder or a path, compared segment by segment:
+    ``/data/a`` holds ``/data/a/x`` but not ``/data/ab``.
+    """
+
+    store: str
+    prefix: str
+    separator: str = ""
+
+    @classmethod
+    def of(cls, where: Namespace | tuple[str, str]) -> Namespace:
+        """A namespace from what :meth:`TargetKind.namespace` returned."""
+        return where if isinstance(where, Namespace) else cls(*where)
+
+    @property
+    def folder(self) -> str:
+        """The prefix as compared: a path-like one ends in its separator (the empty one stays)."""
+        if self.separator and self.prefix and not self.prefix.endswith(self.separator):
+            return self.prefix + self.separator
+        return self.prefix
+
+    def overlaps(self, other: Namespace) -> bool:
+        """True when a key could lie in both: same store, one prefix inside the other."""
+        a, b = self.folder, other.folder
+        return self.store == other.store and (a.startswith(b) or b.startswith(a))
 
 
 class TargetKind(ABC):
@@ -172,14 +216,33 @@ class TargetKind(ABC):
         return 0.0
 
     @classmethod
-    def namespace(cls, options: Any) -> tuple[str, str] | None:
-        """Where a target's keys live, as ``(store, prefix)``, for the overlap check.
+    def namespace(cls, options: Any) -> Namespace | tuple[str, str] | None:
+        """Where a target's keys live, for the overlap check and the log scrubber.
 
-        Two targets overlap when they name the same store and one prefix starts
-        with the other.  ``None`` (the default) means the kind cannot tell, and its
-        targets are not checked.
+        A ``(store, prefix)`` pair is compared as plain strings, so a folder ends in
+        ``/``; a :class:`Namespace` with ``separator="/"`` is compared by path
+        segment (a directory, a path).  ``None`` (the default) means the kind cannot
+        tell, and its targets are not checked.
         """
         return None
+
+    @classmethod
+    def log_prefixes(cls, options: Any) -> tuple[str, ...]:
+        """The leading parts of a target's keys that a log line may show as they are.
+
+        Keys carry customer ids, so before any line is written the log scrubber
+        (:mod:`digest_cleanup.logs`) takes every word of it that starts with one of
+        these as a key of the target and hashes its customer part.  A key of a kind
+        that declares none, and has no namespace, is found by nothing and logged as
+        it is.  The default is the namespace's prefix (an S3 prefix, a directory):
+        a kind whose keys look otherwise in its messages (``session:`` before a
+        Redis key, say) returns its own.
+        """
+        where = cls.namespace(options)
+        if where is None:
+            return ()
+        prefix = Namespace.of(where).prefix
+        return (prefix,) if prefix else ()
 
     def scope(self) -> dict[str, Any]:
         """Everything that decides which keys are this target's, for the scope digest.
@@ -257,58 +320,3 @@ class TargetKind(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, most kinds hold nothing to close
         """Release clients or connections."""
-
-
-def parse_dataclass(cls: type[Any], target: str, raw: Mapping[str, Any]) -> Any:
-    """Build dataclass ``cls`` from a TOML table, naming the target and field on any error."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise TargetsFileError(
-            f"targets.{target}: unknown field {', '.join(map(repr, unknown))}; "
-            f"allowed fields are {', '.join(sorted(fields))}"
-        )
-    hints = get_type_hints(cls)
-    values: dict[str, Any] = {}
-    for name, field in fields.items():
-        if name not in raw:
-            if (
-                field.default is dataclasses.MISSING
-                and field.default_factory is dataclasses.MISSING
-            ):
-                raise TargetsFileError(f"targets.{target}: missing required field {name!r}")
-            continue
-        value = raw[name]
-        expected = hints[name]
-        if not _matches(value, expected):
-            raise TargetsFileError(
-                f"targets.{target}.{name}: expected {_type_name(expected)}, got {value!r}"
-            )
-        values[name] = value
-    return cls(**values)
-
-
-def _matches(value: Any, expected: Any) -> bool:
-    args = getattr(expected, "__args__", None)
-    if args and type(None) in args:
-        return value is None or any(_matches(value, a) for a in args if a is not type(None))
-    if args:  # a Literal or another union
-        if getattr(expected, "__origin__", None) is not None and str(expected).startswith(
-            "typing.Literal"
-        ):
-            return value in args
-        return any(_matches(value, a) for a in args)
-    if expected is bool:
-        return isinstance(value, bool)
-    if expected is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if expected is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    return isinstance(value, expected)
-
-
-def _type_name(expected: Any) -> str:
-    args = getattr(expected, "__args__", None)
-    if args and str(expected).startswith("typing.Literal"):
-        return "one of " + ", ".join(repr(a) for a in args)
-    return getattr(expected, "__name__", str(expected))

@@ -80,6 +80,11 @@ class MemoryKind(TargetKind):
                 results.append(KeyResult(key, Outcome.DELETED))
         return results
 
+    @classmethod
+    def log_prefixes(cls, options: MemoryOptions) -> tuple[str, ...]:
+        """Its keys start with the target's ``prefix``: logs show that much of them."""
+        return (options.prefix,) if options.prefix else ()
+
     def out_of_scope(self, key: str) -> str | None:
         if not key.startswith(self.options.prefix):
             return f"outside the target prefix {self.options.prefix!r}"

@@ -19,32 +19,40 @@ other's.  A run that talks to S3 (an S3 target, or an ``audit_url``) needs
 with the credentials, profile or endpoint of the shell it runs in (``AWS_*``,
 ``~/.aws``), only with test credentials of its own.  The fixtures in
 :mod:`digest_cleanup.testing.plugin` wrap it.
+
+``between=`` runs code of the test after the sweep has published every batch and
+before any batch runs, such as rewriting a listed key to take the kind's "changed
+since listing" path end to end.  ``result.logs`` holds the lines the run logged,
+scrubbed as a worker's are, to check that no key shows its customer part.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
-import threading
+import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import celery
-from celery.contrib.testing.worker import TestWorkController, test_worker_started
-from kombu.asynchronous import get_event_loop, set_event_loop
 
 from digest_cleanup.app import create_app
 from digest_cleanup.clock import utcnow
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import Targets, parse_targets
+from digest_cleanup.config.targets import Target, Targets, parse_targets
+from digest_cleanup.logs import JsonFormatter, SafeFormatter, Scrubber, item_prefixes
+from digest_cleanup.model.run_view import RunView
 from digest_cleanup.ops.progress import wait
 from digest_cleanup.pipeline.lifecycle import start
-from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
+from digest_cleanup.pipeline.messaging import SWEEP_QUEUE
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.store.runs import RunStore
+from digest_cleanup.testing.worker import in_process_worker
 
 #: Seconds a run may take before :func:`run_pipeline` gives up waiting.
 DEFAULT_TIMEOUT = 120.0
@@ -56,8 +64,6 @@ TEST_SETTINGS: Mapping[str, Any] = {
     "retry_cap": 0.5,
     "max_retries": 3,
 }
-#: Seconds the in-process worker may take to start, and to stop once the run is over.
-WORKER_TIMEOUT = 30.0
 #: The credentials a run signs its S3 requests with unless the caller passes its own:
 #: the test servers accept any, and real AWS accepts none of these.
 TEST_CREDENTIALS: Mapping[str, str] = {
@@ -65,6 +71,13 @@ TEST_CREDENTIALS: Mapping[str, str] = {
     "aws_secret_access_key": "digest-cleanup-test-secret",
     "aws_region": "us-east-1",
 }
+#: How a line of ``PipelineResult.logs`` reads in the text format (before scrubbing).
+LOG_FORMAT = "%(levelname)s %(name)s %(message)s"
+#: Seconds between looks at the run store while waiting for the sweep to finish.
+POLL_SECONDS = 0.05
+
+#: What ``between=`` is called with: the run as ``status --json`` shows it then.
+Between = Callable[[dict[str, Any]], object]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +91,10 @@ class PipelineResult:
     dead_letters: list[dict[str, Any]]
     #: The settings the run used (its key prefix and dead-letter queue are its own).
     settings: Settings
+    #: Every line logged at INFO or above while the run went on (by the pipeline, the
+    #: kind, Celery), scrubbed as a worker's log handler scrubs it: secrets masked,
+    #: and each key found by its kind's ``log_prefixes`` with its customer part hashed.
+    logs: Sequence[str] = ()
 
     @property
     def dead_letter_codes(self) -> dict[str, str]:
@@ -95,6 +112,7 @@ def run_pipeline(
     dry_run: bool = False,
     force: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
+    between: Between | None = None,
     **settings: Any,
 ) -> PipelineResult:
     """Run ``target`` (default: the file's only target) to its end and return what it did.
@@ -103,8 +121,11 @@ def run_pipeline(
     read from :attr:`Settings.env`, such as the variable a ``dsn_env`` names.
     ``cutoff`` defaults to now minus the target's ``retention_days``.  Other
     keyword arguments are :class:`Settings` fields, over :data:`TEST_SETTINGS`.
-    A run that talks to S3 needs ``s3_endpoint_url``; without it this raises
-    :class:`ValueError` before anything starts.
+    ``between`` is called once the sweep is done, every batch published and none
+    run yet (or the run ended without any), with the run as ``status --json`` shows
+    it; the batches run after it returns.  A run that talks to S3 needs
+    ``s3_endpoint_url``; without it this raises :class:`ValueError` before anything
+    starts.
     Raises :class:`TimeoutError` if the run has not finished within ``timeout``.
     """
     targets = parse_targets(targets_toml, Path("<run_pipeline>"))
@@ -122,45 +143,115 @@ def run_pipeline(
             "s3_endpoint_url=weed.endpoint_url); the helper never falls back to AWS"
         )
     with _without_ambient_aws():
-        return _run(run_settings, targets, target, cutoff, dry_run, force, timeout)
+        return _run(
+            run_settings, targets, target, _Options(cutoff, dry_run, force, timeout), between
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    cutoff: datetime | None
+    dry_run: bool
+    force: bool
+    timeout: float
 
 
 def _run(
     run_settings: Settings,
     targets: Targets,
     target: str,
-    cutoff: datetime | None,
-    dry_run: bool,
-    force: bool,
-    timeout: float,
+    options: _Options,
+    between: Between | None,
 ) -> PipelineResult:
-    """Start the run, serve it with an in-process worker until it ends, and read it back."""
+    """Start the run, serve it with an in-process worker until it ends, and read it back.
+
+    With ``between``, a first worker serves only the sweep; ``between`` runs once the
+    sweep is done, and a second worker then serves the batches.
+    """
     caller_app = celery.current_app._get_current_object()
     app = create_app(run_settings, targets)
     # A new Celery app makes itself this thread's current app; keep the caller's.
     caller_app.set_current()
     runtime: Runtime = app.digest_cleanup_runtime
     tgt = runtime.target(target)
+    deadline = time.monotonic() + options.timeout
     try:
-        with in_process_worker(app):
-            started = start(
-                runtime,
-                tgt,
-                cutoff or tgt.cutoff_for(utcnow()),
-                dry_run=dry_run,
-                force=force,
-                trigger="test",
-            )
-            view = wait(runtime.store, started.run_id, show=False, timeout=timeout)
-            if not (view.finished and view.fields.get("finalized_at")):
-                raise TimeoutError(
-                    f"run {started.run_id} did not finish within {timeout:.0f}s: {view.as_dict()}"
-                )
-        run = view.as_dict() | {"failures_by_code": runtime.store.retry_codes(started.run_id)}
-        entries = [e.as_dict() for e in runtime.dead_letters.entries(run=started.run_id)]
-        return PipelineResult(run=run, dead_letters=entries, settings=run_settings)
+        with _captured_logs(run_settings, targets) as lines:
+            if between is None:
+                with in_process_worker(app):
+                    run_id = _start(runtime, tgt, options)
+                    view = _wait_for_end(runtime.store, run_id, deadline)
+            else:
+                with in_process_worker(app, queues=[SWEEP_QUEUE]):
+                    run_id = _start(runtime, tgt, options)
+                    swept = _wait_for_sweep(runtime.store, run_id, deadline)
+                between(swept.as_dict())
+                with in_process_worker(app):
+                    view = _wait_for_end(runtime.store, run_id, deadline)
+        run = view.as_dict() | {"failures_by_code": runtime.store.retry_codes(run_id)}
+        entries = [e.as_dict() for e in runtime.dead_letters.entries(run=run_id)]
+        return PipelineResult(run=run, dead_letters=entries, settings=run_settings, logs=lines)
     finally:
         runtime.close()
+
+
+def _start(runtime: Runtime, tgt: Target, options: _Options) -> str:
+    """Start the run as ``digest-cleanup run`` does; its id."""
+    return start(
+        runtime,
+        tgt,
+        options.cutoff or tgt.cutoff_for(utcnow()),
+        dry_run=options.dry_run,
+        force=options.force,
+        trigger="test",
+    ).run_id
+
+
+def _wait_for_sweep(store: RunStore, run_id: str, deadline: float) -> RunView:
+    """The run once its sweep is done (every batch published), or once it has ended."""
+    while True:
+        view = store.get(run_id)
+        if view.finished or view.fields.get("sweep_done") == "1":
+            return view
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"run {run_id}: the sweep did not finish in time: {view.as_dict()}")
+        time.sleep(POLL_SECONDS)
+
+
+def _wait_for_end(store: RunStore, run_id: str, deadline: float) -> RunView:
+    """The run once it has ended and its report is out; :class:`TimeoutError` past ``deadline``."""
+    view = wait(store, run_id, show=False, timeout=max(0.0, deadline - time.monotonic()))
+    if not (view.finished and view.fields.get("finalized_at")):
+        raise TimeoutError(f"run {run_id} did not finish in time: {view.as_dict()}")
+    return view
+
+
+@contextlib.contextmanager
+def _captured_logs(settings: Settings, targets: Targets) -> Iterator[list[str]]:
+    """Collect every line logged at INFO or above meanwhile, scrubbed as a worker's are.
+
+    A worker's handlers get :func:`digest_cleanup.logs.install`'s formatter; this
+    handler gets the same one, from the same targets, so what it collects is what a
+    worker would write.  The root logger is at INFO meanwhile, as in a worker.
+    """
+    lines: list[str] = []
+    inner = JsonFormatter() if settings.log_format == "json" else logging.Formatter(LOG_FORMAT)
+    formatter = SafeFormatter(inner, Scrubber(settings, item_prefixes(targets)))
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(formatter.format(record))
+
+    root = logging.getLogger()
+    handler, level = Collect(logging.INFO), root.level
+    root.addHandler(handler)
+    if root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
 
 
 def _run_settings(
@@ -201,75 +292,3 @@ def _without_ambient_aws() -> Iterator[None]:
         for name in [k for k in os.environ if k.startswith("AWS_")]:
             del os.environ[name]
         os.environ.update(saved)
-
-
-@contextlib.contextmanager
-def in_process_worker(app: Any, timeout: float = WORKER_TIMEOUT) -> Iterator[str]:
-    """Run a worker for the pipeline's queues in a thread of this process; yield its name.
-
-    It is ``celery.contrib.testing.worker.start_worker`` without the habits that
-    break other in-process workers, such as a ``celery_session_worker`` in the same
-    test session:
-
-    * it stops only its own worker, with a remote-control shutdown sent to its
-      name, where ``start_worker`` sets a process-wide flag that stops them all;
-    * it gets an event loop of its own.  A worker takes kombu's process-wide loop
-      if one is set, and two threads running one loop corrupt each other's state;
-    * it makes its app the current one in its own thread only, not the process default;
-    * it leaves the root logger, and so the test runner's log capture, alone.
-    """
-    app.conf.worker_hijack_root_logger = False
-    app.finalize()
-    with app.connection_for_write() as conn:  # an unreachable broker fails here, not in a thread
-        conn.ensure_connection(max_retries=3)
-    hostname = f"digest-cleanup-test-{uuid.uuid4().hex[:8]}@localhost"
-    ready = threading.Event()
-
-    def on_started(sender: Any, worker: Any, **_: Any) -> None:
-        if worker.hostname == hostname:
-            ready.set()
-
-    test_worker_started.connect(on_started, sender=app, weak=False)
-    worker = _worker(app, hostname)
-
-    def run() -> None:
-        # Celery looks tasks up in the thread's current app (or the process default,
-        # which another test worker may have claimed); make it this one, here only.
-        app.set_current()
-        worker.start()
-
-    thread = threading.Thread(target=run, name=hostname, daemon=True)
-    thread.start()
-    try:
-        if not ready.wait(timeout):
-            raise RuntimeError(f"the in-process worker did not start within {timeout:.0f}s")
-        yield hostname
-    finally:
-        test_worker_started.disconnect(on_started, sender=app)
-        if thread.is_alive():
-            app.control.shutdown(destination=[hostname])
-            thread.join(timeout)
-        if thread.is_alive():
-            raise RuntimeError(f"the in-process worker did not stop within {timeout:.0f}s")
-
-
-def _worker(app: Any, hostname: str) -> TestWorkController:
-    """A solo worker for the pipeline's queues, with an event loop of its own."""
-    shared_loop = get_event_loop()
-    set_event_loop(None)  # so the worker built below makes a loop of its own
-    try:
-        return TestWorkController(
-            app=app,
-            hostname=hostname,
-            pool="solo",
-            concurrency=1,
-            queues=[SWEEP_QUEUE, BATCH_QUEUE],
-            loglevel="WARNING",
-            logfile=None,
-            ready_callback=None,
-            without_heartbeat=True,
-            without_mingle=True,
-            without_gossip=True,
-        )
-    finally:
-        set_event_loop(shared_loop)

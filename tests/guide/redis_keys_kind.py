@@ -122,6 +122,12 @@ class RedisKeysKind(TargetKind):
             )
         return options
 
+    @classmethod
+    def log_prefixes(cls, options: RedisKeysOptions) -> tuple[str, ...]:
+        """The pattern up to its first wildcard (``session:``): the rest may name a customer."""
+        head = re.split(r"[*?]", options.pattern, maxsplit=1)[0]
+        return (head,) if head else ()
+
     def describe(self) -> str:
         """``redis://host:port/db match PATTERN``; never the password."""
         parts = urlsplit(self._url)

@@ -2,8 +2,9 @@
 
 ``run_cleanup`` comes from the shipped plugin: it runs a targets file through the
 project's own Celery tasks in an in-process worker, and returns the finished run
-and its dead letters.  Here it uses a database of the test session's Redis
-server, and the keys being cleaned live in another.
+and its dead letters.  The pipeline uses database 0 of the plugin's throwaway
+Redis (``cleanup_redis_server``), and the keys being cleaned live in another.
+Nothing here needs more than the plugin.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import TargetsFileError
 from digest_cleanup.kinds import Outcome
 from digest_cleanup.testing.pipeline import PipelineResult
-from digest_cleanup.testing.servers import RedisServer
+from digest_cleanup.testing.redis_server import RedisServer
 
 pytest_plugins = ["digest_cleanup.testing.plugin"]
 
-#: Databases of the session's Redis: the pipeline's queues and run state, and the keys.
-PIPELINE_DB, STORE_DB = 6, 7
+#: The database of the plugin's Redis that holds the keys (the pipeline's is 0).
+STORE_DB = 7
 URL_ENV = "GUIDE_REDIS_URL"
 TARGETS = f"""
 [targets.sessions]
@@ -43,18 +44,9 @@ RunCleanup = Callable[..., PipelineResult]
 
 
 @pytest.fixture
-def cleanup_redis_url(redis_server: RedisServer) -> str:
-    """The plugin's Redis, overridden: a database of the session's server."""
-    url = redis_server.url.replace("/0", f"/{PIPELINE_DB}")
-    with redis.Redis.from_url(url) as client:
-        client.flushdb()
-    return url
-
-
-@pytest.fixture
-def store_url(redis_server: RedisServer) -> str:
-    """An empty database for the keys the target cleans."""
-    url = redis_server.url.replace("/0", f"/{STORE_DB}")
+def store_url(cleanup_redis_server: RedisServer) -> str:
+    """An empty database of the plugin's Redis for the keys the target cleans."""
+    url = cleanup_redis_server.url_for(STORE_DB)
     with redis.Redis.from_url(url) as client:
         client.flushdb()
     return url
@@ -132,6 +124,8 @@ def test_a_key_used_after_the_sweep_is_skipped_and_a_gone_key_counts_as_deleted(
     assert keys(store) == {"session:a"}
     assert kind.out_of_scope("cache:1") == "not matching the pattern 'session:*'"
     assert kind.out_of_scope("session:1") is None
+    # and logs show of a key no more than its fixed part, "session:"
+    assert kind.log_prefixes(target.options) == ("session:",)
     kind.close()
 
 

@@ -1,0 +1,1 @@
+"""A digest-cleanup target kind for the files of a local directory."""
