@@ -33,7 +33,7 @@ from digest_cleanup.model.run_view import RunView
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.trusted_clock import recorded_skews
 from digest_cleanup.store.budget import BudgetState
-from digest_cleanup.store.target_records import LATENCY_BUCKETS
+from digest_cleanup.store.run_records import LATENCY_BUCKETS
 
 logger = logging.getLogger("digest_cleanup.metrics")
 
@@ -182,7 +182,7 @@ class RunStateCollector:
         if run is not None:
             retried = store.retried_codes(run.run_id)
             failures = store.retry_codes(run.run_id)
-            # A run opened before the field existed is held to the default (see FINISH_LUA).
+            # A run opened before the field existed is held to the default (see finish.lua).
             share = float(run.fields.get("max_skipped_share") or DEFAULT_MAX_SKIPPED_SHARE)
             if run.status == "running":
                 pending = store.in_flight(run.run_id)

@@ -70,8 +70,8 @@ class Runtime:
 
     @cached_property
     def dead_letters(self) -> DeadLetterQueue:
-        return DeadLetterQueue(
-            self.store, queue=self.settings.dead_letter_queue, work_queue=BATCH_QUEUE
+        return self.store.dead_letter_queue(
+            queue=self.settings.dead_letter_queue, work_queue=BATCH_QUEUE
         )
 
     @property
@@ -104,11 +104,7 @@ class Runtime:
         with self._lock:
             if name not in self._budgets:
                 rate = self.targets.get(name).delete_budget(self.settings)
-                self._budgets[name] = (
-                    DeleteBudget(self.redis, self.settings.key_prefix, name, rate)
-                    if rate > 0
-                    else None
-                )
+                self._budgets[name] = self.store.budget(name, rate) if rate > 0 else None
             return self._budgets[name]
 
     def budget_state(self, name: str) -> BudgetState | None:

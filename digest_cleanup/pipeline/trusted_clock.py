@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from datetime import UTC, datetime
+from datetime import datetime
 
 import redis
 
 from digest_cleanup.clock import utcnow
 from digest_cleanup.kinds import TargetKind
-from digest_cleanup.store.keys import Keyspace, as_text
+from digest_cleanup.store.clock_skews import ClockSkews
+from digest_cleanup.store.runs import RunStore
 
 logger = logging.getLogger("digest_cleanup.clock")
 
@@ -66,29 +67,19 @@ class Reading:
         }
 
 
-def redis_time(client: redis.Redis) -> datetime:
-    """Redis's clock (``TIME``), in UTC."""
-    seconds, micros = client.time()
-    return datetime.fromtimestamp(seconds + micros / 1e6, UTC)
-
-
-def read(client: redis.Redis, kind: TargetKind | None = None) -> Reading:
+def read(clocks: ClockSkews, kind: TargetKind | None = None) -> Reading:
     """Read the clocks; one that cannot be read is left out, never guessed."""
     local = utcnow()
     try:
-        shared: datetime | None = redis_time(client)
+        shared: datetime | None = clocks.redis_now()
     except redis.RedisError:
         shared = None
     return Reading(local, shared, kind.server_time() if kind is not None else None)
 
 
-#: The hash (under the store's prefix) of the last wide skew seen per target, in seconds.
-SKEW_KEY = "clock_skew"
-
-
-def trusted_now(store: Keyspace, kind: TargetKind | None = None, *, target: str = "") -> datetime:
+def trusted_now(store: RunStore, kind: TargetKind | None = None, *, target: str = "") -> datetime:
     """The earliest of the clocks (see the module docstring); a wide spread is counted."""
-    reading = read(store.redis, kind)
+    reading = read(store.clock_skews, kind)
     if reading.skew > SKEW_WARN_SECONDS:
         logger.warning(
             "clock skew of %.0f s between this host, Redis and the store (%s); the retention "
@@ -100,22 +91,17 @@ def trusted_now(store: Keyspace, kind: TargetKind | None = None, *, target: str 
             try:
                 # When, by Redis's clock: the one every host and the metrics share.
                 at = (reading.redis or reading.local).timestamp()
-                seen = f"{round(reading.skew, 1)} {at:.0f}"
-                store.redis.hset(store.key(SKEW_KEY), target, seen)
+                store.clock_skews.record(target, reading.skew, at)
             except redis.RedisError:
                 logger.debug("could not record the clock skew of target %s", target)
     return reading.now
 
 
-def recorded_skews(store: Keyspace, now: float | None = None) -> dict[str, float]:
+def recorded_skews(store: RunStore, now: float | None = None) -> dict[str, float]:
     """The wide skew seen per target in the last :data:`SKEW_REPORT_SECONDS` (else none).
 
     ``now`` is Redis's clock unless given, as the skew was stamped with it.
     """
-    now = redis_time(store.redis).timestamp() if now is None else now
-    skews: dict[str, float] = {}
-    for field, value in store.redis.hgetall(store.key(SKEW_KEY)).items():
-        skew, _, at = as_text(value).partition(" ")
-        if at and now - float(at) <= SKEW_REPORT_SECONDS:
-            skews[as_text(field)] = float(skew)
-    return skews
+    clocks = store.clock_skews
+    now = clocks.redis_now().timestamp() if now is None else now
+    return clocks.recent(now, SKEW_REPORT_SECONDS)

@@ -38,7 +38,8 @@ from collections.abc import Callable, Sequence
 import redis
 
 from digest_cleanup.kinds import KeyResult
-from digest_cleanup.store.keys import Keyspace, as_text
+from digest_cleanup.store.connection import as_text
+from digest_cleanup.store.keys import Keys
 from digest_cleanup.store.scripts import Script
 
 #: Seconds of budget one moment may spend at once: a little over one 500-key batch at
@@ -115,12 +116,12 @@ class BudgetState:
 
 
 class DeleteBudget:
-    """The keys-per-second budget of one target, in Redis under the run store's prefix."""
+    """The keys-per-second budget of one target (see :meth:`RunStore.budget`)."""
 
     def __init__(
         self,
         client: redis.Redis,
-        prefix: str,
+        keys: Keys | str,
         target: str,
         ceiling: float,
         *,
@@ -131,7 +132,8 @@ class DeleteBudget:
         self.redis = client
         self.target = target
         self.ceiling = float(ceiling)
-        self.key = Keyspace(client, prefix).key("budget", target)
+        # A bare prefix is the same keyspace the store would give (tests build budgets so).
+        self.key = (keys if isinstance(keys, Keys) else Keys(keys)).budget(target)
         self._sleep = sleep
         self._reserve = Script(client, "budget_reserve.lua")
         self._throttled = Script(client, "budget_throttled.lua")

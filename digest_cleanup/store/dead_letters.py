@@ -17,8 +17,9 @@ BENCHMARKS.md).  So:
   script call, so a redrive that crashes halfway leaves each entry in exactly
   one of the two places, never in neither;
 * the run's counters move in the same script (``redriven`` up,
-  ``dead_lettered`` down, the run back to ``running``), and the redriven batch
-  folds its outcome into its original run;
+  ``dead_lettered`` down, the run back to ``running``), through the run part's
+  ``count_redrive`` (``scripts/run_redrive.lua``), and the redriven batch folds
+  its outcome into its original run;
 * a message delivered twice is one entry with ``copies`` 2; two messages with
   one id but different keys (a redelivery that failed other keys) are merged into
   one entry, keys, conditions and errors; a message that cannot be merged is kept
@@ -38,11 +39,13 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import redis
+
 from digest_cleanup.clock import now_iso
 from digest_cleanup.errors import DeadLetterError
 from digest_cleanup.model.dead_letters import Entry, decode_entry, keys_digest, who
-from digest_cleanup.store.keys import as_text
-from digest_cleanup.store.runs import RunStore
+from digest_cleanup.store.connection import as_text
+from digest_cleanup.store.keys import Keys
 from digest_cleanup.store.scripts import Script
 
 logger = logging.getLogger("digest_cleanup.dead_letter")
@@ -66,30 +69,28 @@ class DeadLetterQueue:
 
     def __init__(
         self,
-        runs: RunStore,
+        client: redis.Redis,
+        keys: Keys,
         *,
         queue: str,
         work_queue: str,
         work_exchange: str = "",
         work_routing_key: str = "",
     ) -> None:
-        #: The run store, whose keys a redrive moves its entry's counters in.
-        self.runs = runs
-        client = runs.redis
-        self.redis = client
+        self.client = client
+        self.keys = keys
+        self._key = keys.dead_letters
         self.queue = queue
         self.work_queue = work_queue
         self.work_exchange = work_exchange or work_queue
         self.work_routing_key = work_routing_key or work_queue
-        self.key_prefix = runs.prefix
+        #: The prefix of every key (the audit log is ``PREFIX:audit``).
+        self.key_prefix = keys.prefix
         self._absorb = Script(client, "dead_letter_absorb.lua")
         self._absorb_indexed = Script(client, "dead_letter_absorb_indexed.lua")
         self._merge = Script(client, "dead_letter_merge.lua")
         self._redrive = Script(client, "dead_letter_redrive.lua")
         self._purge = Script(client, "dead_letter_purge.lua")
-
-    def _key(self, *parts: str) -> str:
-        return ":".join((self.key_prefix, "dlq", *parts))
 
     def _index_keys(self, run_id: str, target: str) -> dict[str, str]:
         """The index keys one entry lives in, by their names in the scripts."""
@@ -120,10 +121,10 @@ class DeadLetterQueue:
             # Messages that carry their index headers move in bulk, inside Redis.
             step = int(self._absorb_indexed(
                 keys=bulk_keys,
-                args={"limit": _ABSORB_BATCH, "now": time.time(), "prefix": self._key("")},
+                args={"limit": _ABSORB_BATCH, "now": time.time(), "prefix": self._key()},
             ))  # fmt: skip
             moved += step
-            raw = self.redis.lindex(self.queue, -1)
+            raw = self.client.lindex(self.queue, -1)
             if raw is None:
                 return moved
             if not step:
@@ -143,7 +144,7 @@ class DeadLetterQueue:
         result = int(self._absorb(keys=keys, args=args))
         if result >= 0:
             return result
-        existing: bytes | None = self.redis.hget(keys["entries"], entry.id)  # type: ignore[assignment]
+        existing: bytes | None = self.client.hget(keys["entries"], entry.id)  # type: ignore[assignment]
         if existing is None:
             return 0  # taken meanwhile; the next pass files the message afresh
         try:
@@ -170,12 +171,12 @@ class DeadLetterQueue:
     def depth(self) -> int:
         """Entries waiting for an operator."""
         self.absorb()
-        return int(self.redis.hlen(self._key("entries")))
+        return int(self.client.hlen(self._key("entries")))
 
     def stats(self) -> tuple[int, int, float | None]:
         """(entries, keys, arrival time of the oldest entry) without decoding any entry."""
         self.absorb()
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=False)
         pipe.hlen(self._key("entries"))
         pipe.hget(self._key("stats"), "keys")
         pipe.zrange(self._key("order"), 0, 0, withscores=True)
@@ -186,14 +187,14 @@ class DeadLetterQueue:
         """Entries oldest first, all of them or those of one run or target."""
         self.absorb()
         if run is not None or target is not None:
-            members = self.redis.smembers(
+            members = self.client.smembers(
                 self._key("run", run) if run is not None else self._key("target", target or "")
             )
             ids = [as_text(m) for m in members]
-            scores = self.redis.zmscore(self._key("order"), ids) if ids else []
+            scores = self.client.zmscore(self._key("order"), ids) if ids else []
             ids = [i for _, i in sorted(zip((s or 0.0 for s in scores), ids, strict=True))]
         else:
-            ordered: list[bytes] = self.redis.zrange(self._key("order"), 0, -1)  # type: ignore[assignment]
+            ordered: list[bytes] = self.client.zrange(self._key("order"), 0, -1)  # type: ignore[assignment]
             ids = [as_text(m) for m in ordered]
         return self._load(ids)
 
@@ -201,7 +202,7 @@ class DeadLetterQueue:
         found: list[Entry] = []
         for start in range(0, len(ids), _LOAD_CHUNK):
             chunk = list(ids[start : start + _LOAD_CHUNK])
-            pipe = self.redis.pipeline(transaction=False)
+            pipe = self.client.pipeline(transaction=False)
             pipe.hmget(self._key("entries"), chunk)
             pipe.hmget(self._key("copies"), chunk)
             raws, copies = pipe.execute()
@@ -255,10 +256,9 @@ class DeadLetterQueue:
             keys={
                 **self._index_keys(entry.run_id, entry.target),
                 "work": self.work_queue,
-                "run": self.runs.run_key(entry.run_id),
-                "pending": self.runs.run_key(entry.run_id, "pending"),
-                "redriven": self.runs.run_key(entry.run_id, "redriven"),
-                "chains": self.runs.run_key(entry.run_id, "chains"),
+                # The run's keys its counts go back into, through the run part's fragment.
+                "run": self.keys.run(entry.run_id),
+                **{k: self.keys.run(entry.run_id, k) for k in ("pending", "redriven", "chains")},
             },
             args={
                 "id": entry.id,
@@ -285,23 +285,19 @@ class DeadLetterQueue:
                 "entry": entry.as_dict(),
             }
             removed = self._purge(
-                keys={**self._index_keys(entry.run_id, entry.target), "audit": self._audit_key},
+                keys={**self._index_keys(entry.run_id, entry.target), "audit": self.keys.audit()},
                 args={"id": entry.id, "record": json.dumps(record), "key_count": entry.key_count},
             )
             if int(removed):
                 records.append(record)
         return records
 
-    @property
-    def _audit_key(self) -> str:
-        return f"{self.key_prefix}:audit"
-
     def log_action(self, record: Mapping[str, Any]) -> None:
         """Add an operator's action (an abort, say) to the audit log purges write to."""
-        self.redis.lpush(self._audit_key, json.dumps(record))
+        self.client.lpush(self.keys.audit(), json.dumps(record))
 
     def audit_log(self, limit: int = 100) -> list[dict[str, Any]]:
-        raw = self.redis.lrange(self._audit_key, 0, limit - 1)
+        raw = self.client.lrange(self.keys.audit(), 0, limit - 1)
         return [json.loads(r) for r in raw]
 
 

@@ -1,252 +1,135 @@
-"""Run state in Redis: one hash per run, updated only by atomic scripts.
+"""The run store: everything the project keeps in Redis, behind one object.
 
-Delivery is at-least-once, so every write that counts is keyed by a *claim*
-(``batch id / generation / attempt``): the first delivery that records an
-attempt owns it, and any duplicate is told so and counts nothing.  A run ends
-when the sweep is done and no batch is in flight; the script that brings the
-in-flight count to zero decides the final status, so exactly one caller sees
-``finished``.
+:class:`RunStore` holds one client and one :class:`~digest_cleanup.store.keys.Keys`,
+and is composed of parts that each own their keys and the scripts that change them:
 
-:class:`RunStore` is the one object the pipeline uses: the run and its
-transitions here, the sweep's lease and checkpoint in
-:mod:`~digest_cleanup.store.sweeps`, each target's state in
-:mod:`~digest_cleanup.store.target_records`, and the fields and final
-statuses of a run's record in :mod:`~digest_cleanup.model.run_view`.
+* ``runs`` (:mod:`~digest_cleanup.store.run_records`): each run's record and its
+  transitions (open, record an attempt, fail, abort);
+* ``sweeps`` (:mod:`~digest_cleanup.store.sweeps`): the sweep lease, the
+  checkpoint and the staged batches;
+* ``targets`` (:mod:`~digest_cleanup.store.target_records`): each target's slot
+  locks and own records;
+* ``clock_skews`` (:mod:`~digest_cleanup.store.clock_skews`): Redis's clock and the
+  skews the retention check saw;
+* :meth:`RunStore.dead_letter_queue` and :meth:`RunStore.budget` build the
+  dead-letter queue (:mod:`~digest_cleanup.store.dead_letters`) and a target's
+  delete budget (:mod:`~digest_cleanup.store.budget`) on the same client and keys.
+
+A part's script that must move another part's keys in the same atomic step
+includes that part's fragment (see :mod:`~digest_cleanup.store.scripts`); no part
+writes another's keys itself.  The methods callers use are the parts' own, bound
+on the store under the names they have always had.
 """
 
 from __future__ import annotations
 
-import json
-import time
-import uuid
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import redis
 
-from digest_cleanup.clock import now_iso
-from digest_cleanup.errors import RunStateError
-from digest_cleanup.model.batches import BatchPayload, BatchRecord, unpublished_keys
-from digest_cleanup.model.run_view import COUNTERS, RunView
-from digest_cleanup.store.keys import RUN_KEY_SUFFIXES, RUN_TTL_SECONDS, as_text
-from digest_cleanup.store.scripts import Script
-from digest_cleanup.store.sweeps import SweepState
-from digest_cleanup.store.target_records import LATENCY_BUCKETS, TargetState
-
-#: The run's keys an attempt's record writes, each named in run_record.lua as its suffix.
-_RECORDED = ("claims", "pending", "retry_codes", "retried_codes", "skipped_keys", "progress",
-             "chains")  # fmt: skip
-#: Progress samples kept per run (``run:ID:progress``): one a recorded attempt, so a run of
-#: more attempts keeps its latest ones, enough for the console's chart.
-PROGRESS_SAMPLES = 2000
+from digest_cleanup.store.budget import DeleteBudget
+from digest_cleanup.store.clock_skews import ClockSkews
+from digest_cleanup.store.dead_letters import DeadLetterQueue
+from digest_cleanup.store.keys import Keys
+from digest_cleanup.store.run_records import RunRecords
+from digest_cleanup.store.sweeps import Sweeps
+from digest_cleanup.store.target_records import TargetRecords
 
 
-class RunStore(SweepState, TargetState):
-    """Reads and writes run state; every counting write is an atomic script."""
+class RunStore:
+    """One Redis client and one keyspace, and the parts of the store on them."""
 
     def __init__(self, client: redis.Redis, prefix: str = "dc") -> None:
-        super().__init__(client, prefix)
-        self._open = Script(client, "run_open.lua")
-        self._record = Script(client, "run_record.lua")
-        self._fail = Script(client, "run_fail.lua")
-        self._delivery = Script(client, "run_delivery.lua")
-        self._abort = Script(client, "run_abort.lua")
+        self.redis = client
+        self.keys = Keys(prefix)
+        self.runs = runs = RunRecords(client, self.keys)
+        self.sweeps = sweeps = Sweeps(client, self.keys)
+        self.targets = targets = TargetRecords(client, self.keys)
+        self.clock_skews = ClockSkews(client, self.keys)
+        # The run's record and transitions.
+        self.open = runs.open
+        self.get = runs.get
+        self.find = runs.find
+        self.run_status = runs.run_status
+        self.update = runs.update
+        self.clear = runs.clear
+        self.record = runs.record
+        self.count_delivery = runs.count_delivery
+        self.count_sweep_error = runs.count_sweep_error
+        self.fail = runs.fail
+        self.abort = runs.abort
+        self.skipped_keys = runs.skipped_keys
+        self.progress = runs.progress
+        self.retry_codes = runs.retry_codes
+        self.retried_codes = runs.retried_codes
+        self.is_recorded = runs.is_recorded
+        self.is_redriven = runs.is_redriven
+        self.is_in_flight = runs.is_in_flight
+        self.in_flight = runs.in_flight
+        self.run_ids = runs.run_ids
+        self.latest = runs.latest
+        self.latency = runs.latency
+        self.timings = runs.timings
+        # The sweep's lease, checkpoint, stage and published digests.
+        self.take_lease = sweeps.take_lease
+        self.holds_lease = sweeps.holds_lease
+        self.release_lease = sweeps.release_lease
+        self.save_checkpoint = sweeps.save_checkpoint
+        self.load_checkpoint = sweeps.load_checkpoint
+        self.stage = sweeps.stage
+        self.staged = sweeps.staged
+        self.keep_staged = sweeps.keep_staged
+        self.published_digest = sweeps.published_digest
+        self.is_published = sweeps.is_published
+        # Each target's own records.
+        self.lock_slot = targets.lock_slot
+        self.unlock_slot = targets.unlock_slot
+        self.mark_success = targets.mark_success
+        self.last_success = targets.last_success
+        self.mark_probed = targets.mark_probed
+        self.probed_scope = targets.probed_scope
+        self.save_verify = targets.save_verify
+        self.last_verify = targets.last_verify
 
-    def open(self, run_id: str, fields: Mapping[str, Any]) -> str:
-        """Create the run unless it exists; return ``created`` or the existing status."""
-        now = now_iso()
-        data = dict.fromkeys(COUNTERS, 0) | {
-            "status": "running",
-            "created_at": now,
-            # A new token per incarnation: batches published before a Redis restart or a
-            # run restart carry the old one and are refused, not counted in this run.
-            "token": uuid.uuid4().hex,
-            "sweep_done": 0,
-            **{k: _field(v) for k, v in fields.items()},
-        }
-        target = str(fields["target"])
-        result = self._open(
-            keys={
-                "run": self.run_key(run_id),
-                "runs": self.key("runs"),
-                "latest": self.latest_key(target),
-            },
-            args={"fields": json.dumps(data), "opened_at": time.time(), "run_id": run_id},
-        )
-        return as_text(result)
+    def key(self, *parts: str) -> str:
+        """``prefix:part:part`` (see :class:`~digest_cleanup.store.keys.Keys`)."""
+        return self.keys.key(*parts)
 
-    def get(self, run_id: str) -> RunView:
-        fields = self.redis.hgetall(self.run_key(run_id))
-        if not fields:
-            raise RunStateError(
-                f"no run {run_id!r} in the run store; list runs with 'digest-cleanup runs'"
-            )
-        return RunView(run_id, {as_text(k): as_text(v) for k, v in fields.items()})
-
-    def find(self, run_id: str) -> RunView | None:
-        try:
-            return self.get(run_id)
-        except RunStateError:
-            return None
-
-    def run_status(self, run_id: str) -> dict[str, str]:
-        """The run's ``status`` and ``reason`` alone: one cheap read before each delete."""
-        status, reason = self.redis.hmget(self.run_key(run_id), ["status", "reason"])
-        return {"status": as_text(status or ""), "reason": as_text(reason or "")}
-
-    def is_published(self, payload: BatchPayload) -> bool:
-        """True when the run published ``payload``'s batch with every key and condition."""
-        published = self.published_digest(payload.run_id, payload.batch_id)
-        return published is not None and not unpublished_keys(published, payload)
-
-    def update(self, run_id: str, **fields: Any) -> None:
-        """Set plain fields (not counters) on an existing run."""
-        self.redis.hset(self.run_key(run_id), mapping={k: _field(v) for k, v in fields.items()})
-
-    def clear(self, run_id: str, *fields: str) -> None:
-        """Remove plain fields from a run."""
-        self.redis.hdel(self.run_key(run_id), *fields)
-
-    def record(self, run_id: str, target: str, rec: BatchRecord) -> str:
-        """Count one batch attempt once; returns recorded, finished, duplicate or missing."""
-        bucket = ""
-        if rec.latency is not None:
-            bucket = next((str(b) for b in LATENCY_BUCKETS if rec.latency <= b), "+Inf")
-        payload = {
-            "batch_id": rec.batch_id,
-            "deleted": rec.deleted,
-            "dead_lettered": rec.dead_lettered,
-            "skipped": rec.skipped,
-            "retries": rec.retries,
-            "codes": dict(rec.codes),
-            "retried": sorted(set(rec.retried_codes)),
-            "terminal": rec.terminal,
-            "first_generation": rec.first_generation,
-            "bucket": bucket,
-            "latency": rec.latency or 0.0,
-            "service": -1 if rec.service_seconds is None else round(rec.service_seconds, 5),
-            "delete_seconds": round(rec.delete_seconds, 5),
-            "items": rec.keys,
-            "skipped_keys": [
-                json.dumps({"key": i, "code": c, "message": m[:500]})
-                for i, c, m in rec.skipped_keys
-            ],
-        }
-        result = self._record(
-            keys={
-                **{name: self.run_key(run_id, name) for name in _RECORDED},
-                "run": self.run_key(run_id),
-                "latency": self.latency_key(target),
-                "timings": self.timings_key(target),
-            },
-            args={
-                "claim": rec.claim,
-                "attempt": json.dumps(payload),
-                "now": now_iso(),
-                "now_epoch": round(time.time(), 3),
-                "progress_samples": PROGRESS_SAMPLES,
-            },
-        )
-        return as_text(result)
-
-    def skipped_keys(self, run_id: str) -> Iterator[dict[str, str]]:
-        """The keys the run left alone on purpose, with their code and why."""
-        for raw in self.redis.lrange(self.run_key(run_id, "skipped_keys"), 0, -1):
-            yield dict(json.loads(raw))
-
-    def progress(self, run_id: str) -> list[tuple[float, int, int]]:
-        """The run's samples, oldest first: ``(epoch seconds, deleted, keys done)``."""
-        samples = []
-        for raw in self.redis.lrange(self.run_key(run_id, "progress"), 0, -1):
-            at, deleted, done = as_text(raw).split()
-            samples.append((float(at), int(deleted), int(done)))
-        return samples
-
-    def count_delivery(self, run_id: str, claim: str) -> int:
-        """Count one delivery of a batch attempt; more than one is a duplicate delivery."""
-        return int(
-            self._delivery(
-                keys={
-                    "deliveries": self.run_key(run_id, "deliveries"),
-                    "run": self.run_key(run_id),
-                },
-                args={"claim": claim},
-            )
-        )
-
-    def fail(self, run_id: str, reason: str, message: str) -> bool:
-        """End a run as ``failed`` with a short reason code and a sentence for humans."""
-        return bool(
-            self._fail(
-                keys={"run": self.run_key(run_id)},
-                args={"reason": reason, "message": message, "now": now_iso()},
-            )
-        )
-
-    def abort(self, run_id: str, message: str) -> str:
-        """End a running run as ``failed`` (``aborted``), taking its sweep lease away.
-
-        A run already ``failed`` for another reason is marked ``aborted`` too, so the
-        dead letters an operator redrives into it are refused from then on.
-
-        Returns ``aborted``, ``missing``, or the status of a run that was not running
-        (which is left as it was).  Batches still in flight are recorded as usual
-        but cannot reopen it; the run's next trigger starts it over.
-        """
-        result = self._abort(
-            keys={"run": self.run_key(run_id), "lease": self.run_key(run_id, "sweep_lease")},
-            args={"message": message, "now": now_iso()},
-        )
-        return as_text(result)
-
-    def retry_codes(self, run_id: str) -> dict[str, int]:
-        raw = self.redis.hgetall(self.run_key(run_id, "retry_codes"))
-        return {as_text(k): int(v) for k, v in raw.items()}
-
-    def retried_codes(self, run_id: str) -> dict[str, int]:
-        """Batch attempts that published a retry, by the error code of the retried keys."""
-        raw = self.redis.hgetall(self.run_key(run_id, "retried_codes"))
-        return {as_text(k): int(v) for k, v in raw.items()}
-
-    def is_recorded(self, run_id: str, claim: str) -> bool:
-        """True when an attempt with this claim has already been recorded."""
-        return bool(self.redis.sismember(self.run_key(run_id, "claims"), claim))
-
-    def is_redriven(self, run_id: str, batch_id: str) -> bool:
-        """True when an operator redrove a dead letter of ``batch_id`` in this run."""
-        return bool(self.redis.sismember(self.run_key(run_id, "redriven"), batch_id))
-
-    def is_in_flight(self, run_id: str, batch_id: str) -> bool:
-        """True when the sweep published ``batch_id`` for this run and it has not ended."""
-        return self.redis.zscore(self.run_key(run_id, "pending"), batch_id) is not None
-
-    def in_flight(self, run_id: str) -> list[tuple[str, float]]:
-        """Batches in flight with the time they were published (oldest first)."""
-        raw: list[tuple[bytes, float]] = self.redis.zrange(  # type: ignore[assignment]
-            self.run_key(run_id, "pending"), 0, -1, withscores=True
-        )
-        return [(as_text(m), float(s)) for m, s in raw]
+    def run_key(self, run_id: str, suffix: str = "") -> str:
+        """The run's hash, or one of its ``run:ID:suffix`` keys."""
+        return self.keys.run(run_id, suffix)
 
     def reset(self, run_id: str) -> None:
-        """Forget a run entirely, so the same run id can start over."""
-        self.redis.delete(*(self.run_key(run_id, s) for s in RUN_KEY_SUFFIXES))
+        """Forget a run entirely, so the same run id can start over: one atomic step."""
+        pipe = self.redis.pipeline()
+        self.runs.forget(run_id, pipe)
+        self.sweeps.forget(run_id, pipe)
+        pipe.execute()
 
     def expire(self, run_id: str) -> None:
         """Let a finished run's state age out of Redis."""
         pipe = self.redis.pipeline()
-        for suffix in RUN_KEY_SUFFIXES:
-            pipe.expire(self.run_key(run_id, suffix), RUN_TTL_SECONDS)
+        self.runs.expire(run_id, pipe)
+        self.sweeps.expire(run_id, pipe)
         pipe.execute()
 
-    def run_ids(self, limit: int = 50) -> Iterator[str]:
-        """Most recent runs first."""
-        for raw in self.redis.zrevrange(self.key("runs"), 0, limit - 1):
-            yield as_text(raw)
+    def dead_letter_queue(
+        self, *, queue: str, work_queue: str, work_exchange: str = "", work_routing_key: str = ""
+    ) -> DeadLetterQueue:
+        """The dead-letter queue on this store's client and keys (see its class)."""
+        return DeadLetterQueue(
+            self.redis,
+            self.keys,
+            queue=queue,
+            work_queue=work_queue,
+            work_exchange=work_exchange,
+            work_routing_key=work_routing_key,
+        )
 
-
-def _field(value: Any) -> str | int | float:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int | float | str):
-        return value
-    return json.dumps(value)
+    def budget(
+        self, target: str, ceiling: float, *, sleep: Callable[[float], None] | None = None
+    ) -> DeleteBudget:
+        """Target ``target``'s shared delete budget of ``ceiling`` keys a second."""
+        if sleep is None:
+            return DeleteBudget(self.redis, self.keys, target, ceiling)
+        return DeleteBudget(self.redis, self.keys, target, ceiling, sleep=sleep)

@@ -1,7 +1,7 @@
--- Fragment: now() is Redis's clock in seconds; state(key, ceiling, increase_every,
--- increase_share) reads a budget as it stands at that moment, its rate raised by the
--- steps of increase since it last changed.  Returns t, rate, tat, paused_until, epoch,
--- changed_at.  Every budget script includes it.
+-- Fragment of the delete budget (store/budget.py): now() is Redis's clock in seconds;
+-- state(key, ceiling, increase_every, increase_share) reads a budget as it stands at
+-- that moment, its rate raised by the steps of increase since it last changed, and
+-- returns t, rate, tat, paused_until, epoch, changed_at.  Every budget script includes it.
 local function now()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000

@@ -1,6 +1,6 @@
--- Fragment: take(entries, order, copies, stats, digests, by_run, by_target, id, keys)
--- removes one entry from the index and returns its message, or nil when it is not
--- there.  Redrive and purge include it.
+-- Fragment of the dead-letter queue (store/dead_letters.py): take(entries, order,
+-- copies, stats, digests, by_run, by_target, id, keys) removes one entry from the index
+-- and returns its message, or nil when it is not there.  Redrive and purge include it.
 local function take(entries, order, copies, stats, digests, by_run, by_target, id, keys)
   local raw = redis.call('HGET', entries, id)
   if not raw then return nil end

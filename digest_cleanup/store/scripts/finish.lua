@@ -1,9 +1,9 @@
--- Fragment: finish(run, now) ends the run if the sweep is done and nothing is in flight,
--- and returns 1 when it did.  The final status is 'failed' when the counts do not add
--- up, 'complete_with_failures' when a key was dead-lettered or more than the run's
--- max_skipped_share of its expired keys was skipped, else 'complete'.  The scripts that
--- record a batch and save a checkpoint include it, since either can be the step that
--- ends a run.
+-- Fragment of the run part (store/run_records.py): finish(run, now) ends the run if
+-- the sweep is done and nothing is in flight, and returns 1 when it did.  The final
+-- status is 'failed' when the counts do not add up, 'complete_with_failures' when a key
+-- was dead-lettered or more than the run's max_skipped_share of its expired keys was
+-- skipped, else 'complete'.  Recording a batch and saving a checkpoint include it, since
+-- either can be the step that ends a run.
 --
 -- A run opened before max_skipped_share existed is held to the default, 0.1, which is
 -- DEFAULT_MAX_SKIPPED_SHARE (config/targets.py); the reason is SKIPPED_SHARE_EXCEEDED

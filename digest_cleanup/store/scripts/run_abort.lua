@@ -4,6 +4,7 @@
 -- KEYS: run lease
 --   lease  the run's sweep lease
 -- ARGV: message now
+-- include: sweep_lease.lua
 if redis.call('EXISTS', run) == 0 then return 'missing' end
 local status = redis.call('HGET', run, 'status')
 -- A failed run still deletes what an operator redrives; aborting it stops that too.
@@ -13,5 +14,5 @@ if status ~= 'running' and not (status == 'failed' and reason ~= 'aborted') then
 end
 redis.call('HSET', run, 'status', 'failed', 'reason', 'aborted', 'message', message,
            'ended_at', now, 'sweep_done', 1)
-redis.call('DEL', lease)
+end_lease(lease)
 return 'aborted'
