@@ -45,7 +45,7 @@ OUTCOMES = ("deleted", "dead_lettered", "skipped")
 
 
 @dataclasses.dataclass(frozen=True)
-class TargetState:
+class TargetScrape:
     """What one scrape read about one target."""
 
     target: str
@@ -171,7 +171,7 @@ class RunStateCollector:
             skew.add_metric([state.target], skews.get(state.target, 0.0))
         return fams.all()
 
-    def _read(self, target: str) -> TargetState:
+    def _read(self, target: str) -> TargetScrape:
         store = self.runtime.store
         run_id = store.latest(target)
         run = store.find(run_id) if run_id else None
@@ -186,7 +186,7 @@ class RunStateCollector:
             share = float(run.fields.get("max_skipped_share") or DEFAULT_MAX_SKIPPED_SHARE)
             if run.status == "running":
                 pending = store.in_flight(run.run_id)
-        return TargetState(
+        return TargetScrape(
             target=target,
             run=run,
             pending=pending,
@@ -225,7 +225,7 @@ class _Families:
         return list(self._by_name.values())
 
 
-def _add_target(fams: _Families, state: TargetState, now: float) -> None:
+def _add_target(fams: _Families, state: TargetScrape, now: float) -> None:
     """Add one target's series; the families exist (empty) even with no run yet."""
     _add_run_state(fams, state, now)
     _add_run_counts(fams, state)
@@ -266,7 +266,7 @@ def _add_budget(fams: _Families, target: str, budget: BudgetState | None) -> Non
             family.add_metric([target], getattr(budget, field))
 
 
-def _add_run_state(fams: _Families, state: TargetState, now: float) -> None:
+def _add_run_state(fams: _Families, state: TargetScrape, now: float) -> None:
     """Where the target's latest run stands: its oldest pending key, status and progress."""
     t, run = [state.target], state.run
     fams.gauge(
@@ -295,7 +295,7 @@ def _add_run_state(fams: _Families, state: TargetState, now: float) -> None:
     ).add_metric(t, progress_ratio(run))
 
 
-def _add_run_counts(fams: _Families, state: TargetState) -> None:
+def _add_run_counts(fams: _Families, state: TargetScrape) -> None:
     """The latest run's counters."""
     t, run = [state.target], state.run
     keys = fams.counter(
@@ -356,7 +356,7 @@ def _add_run_counts(fams: _Families, state: TargetState) -> None:
             started.add_metric(t, created)
 
 
-def _add_failures(fams: _Families, state: TargetState) -> None:
+def _add_failures(fams: _Families, state: TargetScrape) -> None:
     """The latest run's failing keys by code, which the endpoint and dead-letter alerts read."""
     failures = fams.counter(
         "digest_cleanup_key_failures",
@@ -368,7 +368,7 @@ def _add_failures(fams: _Families, state: TargetState) -> None:
         failures.add_metric([state.target, code], n)
 
 
-def _add_history(fams: _Families, state: TargetState) -> None:
+def _add_history(fams: _Families, state: TargetScrape) -> None:
     """Across runs: the last success, the last verify, and batch latency."""
     t = [state.target]
     success = fams.gauge(
