@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYTEST_ARGS ?=
 # Commands the tests look up on PATH, each with the Debian package that provides it
-# (command:package). A test checks that the skip messages in digest_cleanup/testing/tools.py
+# (command:package). A test checks that the skip messages in tests/rig/tools.py
 # name these same packages.
 APT_TOOLS ?= chromium:chromium chromedriver:chromium-driver promtool:prometheus \
 	redis-server:redis-server openssl:openssl systemd-analyze:systemd ip:iproute2 \

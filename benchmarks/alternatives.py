@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds.s3_client import make_client
-from digest_cleanup.testing.servers import s3_client
+from tests.rig.servers import s3_client
 
 #: Keys per DeleteObjects request in the probe: the most S3 takes.
 PROBE_BATCH = 1000

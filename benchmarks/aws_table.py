@@ -5,7 +5,7 @@ cannot show what happens past AWS S3's budget: 3,500 writes per second per
 prefix, every key of a DeleteObjects one write, and past it ``SlowDown`` in
 three forms (a 503, a 200 whose whole body is the error, and per-key entries in
 a normal DeleteResult that botocore never retries), with no Retry-After.
-:class:`~digest_cleanup.testing.aws_model.AwsModel` is a proxy in front of the
+:class:`~tests.rig.aws_model.AwsModel` is a proxy in front of the
 same ``weed`` that enforces that budget and adds request latency; this table
 runs each method through it.
 
@@ -145,7 +145,7 @@ def measure(
     ``store`` is the S3 server itself: each model forwards to it, and the keys
     left are counted on it directly.
     """
-    from digest_cleanup.testing.aws_model import AwsModel
+    from tests.rig.aws_model import AwsModel
 
     def model() -> Any:
         return AwsModel(store, write_rate=AWS_WRITE_RATE, seed=MODEL_SEED)

@@ -33,7 +33,7 @@ from digest_cleanup.model.batches import BatchPayload, entry_digests, unpublishe
 from digest_cleanup.pipeline import trusted_clock
 from digest_cleanup.pipeline.batch_checks import check_delivery
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.testing.servers import RedisServer, WeedServer, s3_client
+from tests.rig.servers import RedisServer, WeedServer, s3_client
 
 #: Keys per batch: the card's 500-key batches.
 KEYS = 500

@@ -28,7 +28,7 @@ from digest_cleanup.kinds import KeyResult, Outcome
 from digest_cleanup.model.batches import BatchPayload
 from digest_cleanup.model.dead_letters import make_entry
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.testing.servers import RedisServer
+from tests.rig.servers import RedisServer
 
 #: Queue depths compared: a handful, and far past a bad week.
 DEPTHS = (10, 50_000)

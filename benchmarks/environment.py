@@ -24,7 +24,7 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from digest_cleanup.testing.servers import find_redis_server, find_weed
+from tests.rig.servers import find_redis_server, find_weed
 
 #: Clock ticks per second, the unit of CPU times in ``/proc/PID/stat``.
 _TICKS = os.sysconf("SC_CLK_TCK")

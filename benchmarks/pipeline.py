@@ -44,7 +44,7 @@ from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.store.runs import RunStore
-from digest_cleanup.testing.stack import Process, Stack
+from tests.rig.stack import Process, Stack
 
 #: Seconds between samples of the run and the queue while the sweep publishes.
 SAMPLE_SECONDS = 0.1

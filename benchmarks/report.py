@@ -603,7 +603,7 @@ def model_section(model: ModelTable, command: Sequence[str]) -> str:
             f"Written by `{' '.join(command)}` on {model.started:%Y-%m-%d %H:%M} UTC.  Each "
             f"method deletes its own fresh copy of {model.keys:,} keys, seeded straight into "
             "the local `weed`, through its own fresh `AwsModel` "
-            "(`digest_cleanup/testing/aws_model.py`): a proxy that allows "
+            "(`tests/rig/aws_model.py`): a proxy that allows "
             f"{model.write_rate:,.0f} keys/s of deletes per prefix (every key of a "
             "DeleteObjects counts, bursts of one second), answers `SlowDown` past that in "
             "AWS's three forms (a 503, a 200 whose body is the error, per-key errors inside "

@@ -58,8 +58,8 @@ from benchmarks.environment import (
     set_affinity,
 )
 from benchmarks.pipeline import PREFIX, Layout, Runner, RunResult
-from digest_cleanup.testing.seed import create_bucket, digest_layout_keys, seed_keys
-from digest_cleanup.testing.servers import RedisServer, WeedServer
+from digest_cleanup.demo.seed import create_bucket, digest_layout_keys, seed_keys
+from tests.rig.servers import RedisServer, WeedServer
 
 #: The weekly run of the ~120k-customer digest.
 DEFAULT_KEYS = 120_000

@@ -22,8 +22,8 @@ from datetime import date, timedelta
 from pathlib import Path
 
 from benchmarks.pipeline import PREFIX, Layout, Runner, RunResult
-from digest_cleanup.testing.seed import SeedStats, create_bucket, digest_layout_keys, seed_keys
-from digest_cleanup.testing.servers import RedisServer, WeedServer
+from digest_cleanup.demo.seed import SeedStats, create_bucket, digest_layout_keys, seed_keys
+from tests.rig.servers import RedisServer, WeedServer
 
 #: Bump when the seeded layout changes, so old caches are rebuilt.
 LAYOUT_VERSION = 1

@@ -20,15 +20,15 @@ from typing import Any
 import pytest
 import redis
 
-from digest_cleanup.testing.faults import FaultProxy
-from digest_cleanup.testing.servers import (
+from tests.rig.faults import FaultProxy
+from tests.rig.servers import (
     RedisServer,
     WeedServer,
     required_redis,
     required_weed,
     s3_client,
 )
-from digest_cleanup.testing.stack import Stack, wait_for
+from tests.rig.stack import Stack, wait_for
 
 
 @pytest.fixture(scope="session")

@@ -35,8 +35,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from digest_cleanup.testing.servers import free_port
-from digest_cleanup.testing.tools import INSTALL, require
+from tests.rig.servers import free_port
+from tests.rig.tools import INSTALL, require
 
 #: The local server tried first.
 LOCAL_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -11,8 +11,8 @@ from pathlib import Path
 import digest_cleanup
 from digest_cleanup.demo.artifacts import AUDIT_BUCKET, targets_toml
 from digest_cleanup.demo.phases import say
-from digest_cleanup.testing.servers import RedisServer, WeedServer
-from digest_cleanup.testing.stack import Stack
+from digest_cleanup.demo.servers import RedisServer, WeedServer
+from digest_cleanup.demo.stack import Stack
 
 
 class EmbeddedStack:

@@ -9,8 +9,8 @@ import urllib.request
 
 from digest_cleanup.demo.artifacts import TARGET
 from digest_cleanup.demo.phases import say
-from digest_cleanup.testing.servers import LOOPBACK, free_port
-from digest_cleanup.testing.stack import Stack, wait_for
+from digest_cleanup.demo.servers import LOOPBACK, free_port
+from digest_cleanup.demo.stack import Stack, wait_for
 
 #: Seconds a started Flower may take to answer its health check.
 FLOWER_READY_TIMEOUT = 60.0

@@ -7,7 +7,7 @@ from typing import Any
 
 from digest_cleanup.demo.artifacts import BATCH_SIZE, OUTSIDE_PREFIX, PREFIX, Seeded
 from digest_cleanup.demo.phases import say
-from digest_cleanup.testing.servers import s3_client
+from digest_cleanup.demo.servers import s3_client
 
 
 def count_by_prefix(endpoint: str, bucket: str) -> dict[str, int]:

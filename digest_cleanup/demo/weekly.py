@@ -21,9 +21,9 @@ from digest_cleanup.demo.embedded import EmbeddedStack
 from digest_cleanup.demo.keep import keep_up
 from digest_cleanup.demo.phases import Phases, say
 from digest_cleanup.demo.report import count_by_prefix, report
+from digest_cleanup.demo.seed import create_bucket
+from digest_cleanup.demo.stack import Stack
 from digest_cleanup.pipeline.lifecycle import run_id_for
-from digest_cleanup.testing.seed import create_bucket
-from digest_cleanup.testing.stack import Stack
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> NoReturn:

@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from digest_cleanup.config.settings import DEFAULT_VISIBILITY_TIMEOUT
-from digest_cleanup.testing.tools import require, require_tool
+from tests.rig.tools import require, require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -24,7 +24,7 @@ from digest_cleanup.config.settings import Settings
 from digest_cleanup.model.batches import BatchRecord
 from digest_cleanup.ops.metrics import RunStateCollector
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.testing.tools import require_tool
+from tests.rig.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "digest-cleanup.json"

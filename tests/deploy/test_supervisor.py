@@ -31,14 +31,14 @@ import psutil
 import pytest
 import redis
 
+from digest_cleanup.demo.seed import digest_layout_keys, seed_keys
 from digest_cleanup.model.run_view import RunView
 from digest_cleanup.store.runs import RunStore
-from digest_cleanup.testing.faults import FaultProxy
-from digest_cleanup.testing.seed import digest_layout_keys, seed_keys
-from digest_cleanup.testing.servers import WeedServer, require
-from digest_cleanup.testing.stack import Stack, wait_for
-from digest_cleanup.testing.tools import install_line
 from tests.conftest import list_keys
+from tests.rig.faults import FaultProxy
+from tests.rig.servers import WeedServer, require
+from tests.rig.stack import Stack, wait_for
+from tests.rig.tools import install_line
 
 pytestmark = pytest.mark.e2e
 

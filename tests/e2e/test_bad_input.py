@@ -17,9 +17,9 @@ import redis
 from kombu import Connection
 
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE
-from digest_cleanup.testing.servers import free_port
-from digest_cleanup.testing.stack import Process, Stack, wait_for
 from tests.conftest import list_keys, put_keys, s3_targets, seed_split
+from tests.rig.servers import free_port
+from tests.rig.stack import Process, Stack, wait_for
 
 pytestmark = pytest.mark.e2e
 

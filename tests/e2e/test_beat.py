@@ -22,7 +22,7 @@ import redis
 
 from digest_cleanup.pipeline.lifecycle import run_id_for
 from digest_cleanup.store.runs import RunStore
-from digest_cleanup.testing.stack import Process, Stack, wait_for
+from tests.rig.stack import Process, Stack, wait_for
 
 pytestmark = pytest.mark.e2e
 

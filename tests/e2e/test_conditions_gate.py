@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from digest_cleanup.store.runs import RunStore
-from digest_cleanup.testing.stack import Stack, wait_for
 from tests.conftest import list_keys, put_keys, s3_targets, seed_split
+from tests.rig.stack import Stack, wait_for
 
 pytestmark = pytest.mark.e2e
 

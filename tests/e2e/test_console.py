@@ -21,8 +21,8 @@ import pytest
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.testing.stack import Process, Stack, wait_for
 from tests.conftest import s3_targets, seed_split
+from tests.rig.stack import Process, Stack, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.testing.servers import free_port
-from digest_cleanup.testing.stack import Process, Stack, wait_for
-from digest_cleanup.testing.webdriver import Session, basic_auth, chromium
 from tests.conftest import REPO_ROOT, list_keys, s3_targets, seed_split
+from tests.rig.servers import free_port
+from tests.rig.stack import Process, Stack, wait_for
+from tests.rig.webdriver import Session, basic_auth, chromium
 
 pytestmark = pytest.mark.e2e
 

@@ -15,8 +15,8 @@ from digest_cleanup.config.settings import Settings
 from digest_cleanup.model.batches import BatchPayload
 from digest_cleanup.ops.redrive import redrive_entries
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.testing.stack import Stack, wait_for
 from tests.conftest import list_keys, s3_targets, scope_of, seed_split
+from tests.rig.stack import Stack, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,12 +14,12 @@ import pytest
 from digest_cleanup.app import create_app
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.model.batches import BatchPayload
-from digest_cleanup.testing.stack import wait_for
 from tests.conftest import dlq_entries as _entries
 from tests.conftest import finished_run as _finished
 from tests.conftest import list_keys, put_keys, s3_targets, scope_of, seed_split
 from tests.conftest import run_status as _status
 from tests.conftest import sweep_only as _sweep_only
+from tests.rig.stack import wait_for
 
 pytestmark = pytest.mark.e2e
 

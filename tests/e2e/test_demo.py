@@ -15,10 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from digest_cleanup.demo import split_counts
-from digest_cleanup.testing.servers import find_redis_server, find_weed, require
-from digest_cleanup.testing.stack import wait_for
-from digest_cleanup.testing.tools import install_line
+from digest_cleanup.demo.artifacts import split_counts
+from tests.rig.servers import find_redis_server, find_weed, require
+from tests.rig.stack import wait_for
+from tests.rig.tools import install_line
 
 pytestmark = pytest.mark.e2e
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.testing.stack import Stack
 from tests.conftest import list_keys, s3_targets, seed_split
+from tests.rig.stack import Stack
 
 pytestmark = pytest.mark.e2e
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from digest_cleanup.testing.seed import digest_layout_keys, seed_keys
-from digest_cleanup.testing.servers import free_port
-from digest_cleanup.testing.stack import Process, Stack, wait_for
+from digest_cleanup.demo.seed import digest_layout_keys, seed_keys
 from tests.conftest import s3_targets
+from tests.rig.servers import free_port
+from tests.rig.stack import Process, Stack, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from digest_cleanup.testing.seed import digest_layout_keys, seed_keys
-from digest_cleanup.testing.stack import wait_for
+from digest_cleanup.demo.seed import digest_layout_keys, seed_keys
 from tests.conftest import s3_targets
+from tests.rig.stack import wait_for
 
 pytestmark = pytest.mark.e2e
 

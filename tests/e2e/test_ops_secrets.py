@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import redis
 
-from digest_cleanup.testing.faults import FaultProxy
-from digest_cleanup.testing.seed import seed_keys
-from digest_cleanup.testing.servers import RedisServer, WeedServer, free_port
-from digest_cleanup.testing.stack import Stack, wait_for
+from digest_cleanup.demo.seed import seed_keys
 from tests.conftest import REPO_ROOT, s3_targets
 from tests.e2e.test_ops import http_request, start_metrics
+from tests.rig.faults import FaultProxy
+from tests.rig.servers import RedisServer, WeedServer, free_port
+from tests.rig.stack import Stack, wait_for
 
 pytestmark = pytest.mark.e2e
 

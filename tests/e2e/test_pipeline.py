@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from digest_cleanup.model.batches import BatchPayload
-from digest_cleanup.testing.stack import wait_for
 from tests.conftest import list_keys, s3_targets, seed_split
+from tests.rig.stack import wait_for
 
 pytestmark = pytest.mark.e2e
 

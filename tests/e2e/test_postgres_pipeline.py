@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.testing.stack import Stack, wait_for
+from tests.rig.stack import Stack, wait_for
 
 pytestmark = pytest.mark.e2e
 pytest_plugins = ["tests.postgres_fixture"]

@@ -17,17 +17,17 @@ import redis
 from digest_cleanup.app import create_app
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.testing.faults import FaultProxy
-from digest_cleanup.testing.servers import (
+from tests.conftest import REPO_ROOT, list_keys, s3_targets, seed_split
+from tests.rig.faults import FaultProxy
+from tests.rig.servers import (
     RedisServer,
     ServerError,
     TlsFiles,
     find_redis_server,
     require,
 )
-from digest_cleanup.testing.stack import Stack
-from digest_cleanup.testing.tools import install_line
-from tests.conftest import REPO_ROOT, list_keys, s3_targets, seed_split
+from tests.rig.stack import Stack
+from tests.rig.tools import install_line
 
 pytestmark = pytest.mark.e2e
 

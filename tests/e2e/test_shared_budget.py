@@ -1,6 +1,6 @@
 """One delete budget for every worker: real workers, Redis, ``weed mini``, and a model of AWS S3.
 
-Every delete goes through :class:`~digest_cleanup.testing.aws_model.AwsModel`, whose
+Every delete goes through :class:`~tests.rig.aws_model.AwsModel`, whose
 records say when each request arrived, from which worker process (the client's
 User-Agent carries its pid) and how many keys it carried, so every rate here is
 measured where S3 would see it, not reported by the workers themselves.
@@ -18,15 +18,16 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
+from digest_cleanup.demo.seed import create_bucket, digest_layout_keys, seed_keys
 from digest_cleanup.model.run_view import RunView
 from digest_cleanup.store.budget import BURST_SECONDS, DECREASE_FACTOR, DeleteBudget
 from digest_cleanup.store.runs import RunStore
-from digest_cleanup.testing.aws_model import Arrival, AwsModel
-from digest_cleanup.testing.seed import create_bucket, digest_layout_keys, seed_keys
-from digest_cleanup.testing.servers import WeedServer
-from digest_cleanup.testing.stack import Stack, wait_for
 from tests.conftest import list_keys, s3_targets
 from tests.reliability.hosts import Host, Relay, worker_hosts
+from tests.rig.aws_model import AwsModel
+from tests.rig.aws_records import Arrival
+from tests.rig.servers import WeedServer
+from tests.rig.stack import Stack, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
-from digest_cleanup.testing.s3_messages import (
+from tests.conftest import put_keys, s3_targets, seed_split
+from tests.rig.proxy import ProxyHandler, ReverseProxy
+from tests.rig.s3_messages import (
     access_denied_entries,
     delete_result,
     fix_integrity_headers,
@@ -17,8 +18,7 @@ from digest_cleanup.testing.s3_messages import (
     merge_errors,
     split_delete_body,
 )
-from digest_cleanup.testing.stack import wait_for
-from tests.conftest import put_keys, s3_targets, seed_split
+from tests.rig.stack import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -11,9 +11,9 @@ import pytest
 
 from digest_cleanup.audit import reports
 from digest_cleanup.config.settings import Settings
-from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
-from digest_cleanup.testing.servers import WeedServer
 from tests.conftest import list_keys
+from tests.rig.proxy import ProxyHandler, ReverseProxy
+from tests.rig.servers import WeedServer
 
 SUMMARY = {"status": "complete", "deleted": 3, "ended_at": "2026-10-25T03:00:05.123Z",
            "token": "0123456789abcdef0123456789abcdef"}  # fmt: skip

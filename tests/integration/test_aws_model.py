@@ -11,17 +11,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from botocore.exceptions import ClientError
 
-from digest_cleanup.testing.aws_model import (
-    LIST_BASE,
-    OTHER_BASE,
-    AwsModel,
-    delete_latency_median,
-    draw_latency,
-)
-from digest_cleanup.testing.s3_messages import SLOWDOWN_MESSAGE
-from digest_cleanup.testing.seed import seed_keys
-from digest_cleanup.testing.servers import WeedServer, s3_client
+from digest_cleanup.demo.seed import seed_keys
 from tests.conftest import list_keys
+from tests.rig.aws_budget import LIST_BASE, OTHER_BASE, delete_latency_median, draw_latency
+from tests.rig.aws_model import AwsModel
+from tests.rig.s3_messages import SLOWDOWN_MESSAGE
+from tests.rig.servers import WeedServer, s3_client
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

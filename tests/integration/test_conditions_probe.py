@@ -20,9 +20,9 @@ from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import Finding
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
 from digest_cleanup.kinds.s3_probe import NOT_HONOURED, PROBE_PREFIX
-from digest_cleanup.testing.faults import FaultProxy
-from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
-from digest_cleanup.testing.s3_messages import (
+from tests.rig.faults import FaultProxy
+from tests.rig.proxy import ProxyHandler, ReverseProxy
+from tests.rig.s3_messages import (
     ACCESS_DENIED_BODY,
     error_body,
     fix_integrity_headers,

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING
 import pytest
 from botocore.exceptions import BotoCoreError, ClientError
 
-from digest_cleanup.testing.faults import FaultProxy
-from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
-from digest_cleanup.testing.s3_messages import (
+from digest_cleanup.demo.seed import create_bucket, seed_keys
+from tests.rig.faults import FaultProxy
+from tests.rig.proxy import ProxyHandler, ReverseProxy
+from tests.rig.s3_messages import (
     ACCESS_DENIED_BODY,
     fix_integrity_headers,
     merge_errors,
 )
-from digest_cleanup.testing.seed import create_bucket, seed_keys
-from digest_cleanup.testing.servers import WeedServer, find_weed, require, s3_client
+from tests.rig.servers import WeedServer, find_weed, require, s3_client
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from digest_cleanup.testing.pipeline import run_pipeline
-from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
-from digest_cleanup.testing.servers import WeedServer
 from tests.conftest import list_keys, s3_targets, seed_split
+from tests.rig.proxy import ProxyHandler, ReverseProxy
+from tests.rig.servers import WeedServer
 
 #: What a developer's shell might hold: none of it may reach the requests a test sends.
 AMBIENT = {

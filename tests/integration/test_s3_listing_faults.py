@@ -15,8 +15,8 @@ import pytest
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import StoreError
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
-from digest_cleanup.testing.faults import FaultProxy
 from tests.conftest import list_keys, put_keys
+from tests.rig.faults import FaultProxy
 
 CONTROL = ["statements/2026-10-18/a\x01soh.pdf", "statements/2026-10-18/a\x0bvt.pdf"]
 #: Past one 1000-key page, so the second page is reached through the token.

@@ -14,8 +14,8 @@ from typing import Any
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import CHANGED_SINCE_LISTING, Outcome
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
-from digest_cleanup.testing.faults import FaultProxy
 from tests.conftest import list_keys, put_keys
+from tests.rig.faults import FaultProxy
 
 LATER = datetime.now(UTC) + timedelta(days=1)
 #: A key XML 1.0 cannot carry, so it is deleted alone with DeleteObject.

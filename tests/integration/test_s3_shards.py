@@ -15,6 +15,7 @@ from botocore.awsrequest import AWSResponse
 from digest_cleanup.clock import utcnow
 from digest_cleanup.config.settings import Settings
 from digest_cleanup.config.targets import parse_targets
+from digest_cleanup.demo.seed import create_bucket, seed_keys
 from digest_cleanup.errors import TransientError
 from digest_cleanup.kinds import s3_shards
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
@@ -23,8 +24,7 @@ from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import sweep_slice
 from digest_cleanup.testing.dispatcher import recording
-from digest_cleanup.testing.seed import create_bucket, seed_keys
-from digest_cleanup.testing.stack import wait_for
+from tests.rig.stack import wait_for
 
 #: Four weekly folders (one nested deeper) and keys directly under the prefix.
 KEYS = sorted(

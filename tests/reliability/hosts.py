@@ -22,8 +22,8 @@ import subprocess
 import threading
 from collections.abc import Iterator, Sequence
 
-from digest_cleanup.testing.servers import LOOPBACK, require
-from digest_cleanup.testing.tools import require_tool
+from tests.rig.servers import LOOPBACK, require
+from tests.rig.tools import require_tool
 
 #: The second octet pair of every host subnet: 10.231.N.0/30, N = 1, 2, ...
 SUBNET = "10.231"

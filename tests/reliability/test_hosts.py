@@ -10,7 +10,6 @@ from urllib.parse import urlsplit
 import pytest
 
 from digest_cleanup.store.runs import RunStore
-from digest_cleanup.testing.stack import Process
 from tests.conftest import s3_targets
 from tests.reliability.conftest import (
     Outcome,
@@ -21,6 +20,7 @@ from tests.reliability.conftest import (
     wait_finished,
 )
 from tests.reliability.hosts import Host, Relay, worker_hosts
+from tests.rig.stack import Process
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,6 @@ import pytest
 
 from digest_cleanup.model.batches import BatchPayload
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE
-from digest_cleanup.testing.stack import Stack, wait_for
 from tests.conftest import s3_targets
 from tests.reliability.conftest import (
     Outcome,
@@ -20,6 +19,7 @@ from tests.reliability.conftest import (
     store_for,
     wait_count,
 )
+from tests.rig.stack import Stack, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.testing.stack import Stack
 from tests.conftest import s3_targets
 from tests.reliability.conftest import (
     Outcome,
@@ -17,6 +16,7 @@ from tests.reliability.conftest import (
     wait_count,
     wait_finished,
 )
+from tests.rig.stack import Stack
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,6 @@ import time
 
 import pytest
 
-from digest_cleanup.testing.stack import Process
 from tests.conftest import s3_targets
 from tests.reliability.conftest import (
     Outcome,
@@ -16,6 +15,7 @@ from tests.reliability.conftest import (
     wait_count,
     wait_finished,
 )
+from tests.rig.stack import Process
 
 pytestmark = pytest.mark.slow
 

@@ -1,10 +1,13 @@
-"""A plain ``pip install .`` starts a worker and completes a real run.
+"""A plain ``pip install .`` starts a worker, completes a real run, and runs the demo.
 
 The package goes alone into a fresh virtualenv: no extras, no dev tools.  Its
 ``celery -A digest_cleanup worker`` and ``digest-cleanup run`` then clean a real S3
 bucket through a real Redis.  Those two servers, the seeding and the final listing come
 from the development environment that runs this script (``make smoke``), because they
-are test tooling, not part of what a user installs.
+are test tooling, not part of what a user installs.  Then the virtualenv's
+``python -m digest_cleanup.demo`` runs a small demo end to end with its own servers,
+seeding and processes: only the two server binaries come from outside it, on PATH,
+as a user with ``redis-server`` and ``weed`` installed (and no extra) would have them.
 
     python -m tests.smoke.plain_install              # fresh venv in a temp dir, removed after
     python -m tests.smoke.plain_install --venv DIR   # make DIR once, reuse it on later runs
@@ -31,7 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from digest_cleanup.testing.servers import RedisServer, WeedServer, s3_client
+from tests.rig.servers import RedisServer, WeedServer, find_redis_server, find_weed, s3_client
 from tests.smoke.venv import SmokeFailure, check, check_plain, plain_venv, tail, venv_environment
 
 #: The target the smoke run cleans, and where its objects live.
@@ -48,6 +51,10 @@ BATCH_SIZE = 5
 WORKER_READY_TIMEOUT = 60.0
 #: Seconds ``run --wait`` may take; a handful of keys needs a second or two.
 RUN_TIMEOUT = 60
+#: Artifacts the demo seeds: enough for its multi-process seeding, small enough to be quick.
+DEMO_KEYS = 3000
+#: Seconds the demo may take: servers, seeding, a worker and a run on a shared machine.
+DEMO_TIMEOUT = 240
 
 # The objects are seconds old and S3 sets their times, so the cutoff has to fall between
 # the expired and the fresh uploads, and a retention window of 0 days is what lets a
@@ -221,6 +228,38 @@ def run_and_check(
     say(f"bucket holds exactly the {len(FRESH)} fresh and {len(OUTSIDE)} outside keys; verify: 0")
 
 
+def demo(venv: Path, workdir: Path) -> None:
+    """Run the venv's ``python -m digest_cleanup.demo`` small; check it ends with a balanced run.
+
+    The server binaries are linked into a directory on the demo's PATH: the demo finds
+    them there as it would on a machine that has them installed.
+    """
+    redis_server, weed = find_redis_server(), find_weed()
+    if redis_server is None or weed is None:
+        raise SmokeFailure("no redis-server or weed in this environment to lend the demo")
+    servers = workdir / "server-binaries"
+    servers.mkdir()
+    for binary in (redis_server, weed):
+        (servers / binary.name).symlink_to(binary.resolve())
+    env = venv_environment(venv, {})
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{servers}{os.pathsep}{env['PATH']}"
+    argv = [str(venv / "bin" / "python"), "-m", "digest_cleanup.demo"]
+    argv += ["--keys", str(DEMO_KEYS), "--workers", "1"]
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            argv, env=env, cwd=workdir, capture_output=True, text=True,
+            timeout=DEMO_TIMEOUT, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise SmokeFailure(f"the demo did not end in {DEMO_TIMEOUT} s:\n{exc.stdout}") from None
+    output = done.stdout + done.stderr
+    check(done.returncode == 0, f"the demo exited {done.returncode}:\n{output[-4000:]}")
+    check("Result: OK" in done.stdout, f"the demo's report does not add up:\n{output[-4000:]}")
+    seconds = time.monotonic() - started
+    say(f"python -m digest_cleanup.demo --keys {DEMO_KEYS}: Result: OK in {seconds:.1f} s")
+
+
 def _exit_on_sigterm(signum: int, _frame: FrameType | None) -> None:
     """Turn SIGTERM into SystemExit, so the finally blocks stop what was started."""
     raise SystemExit(128 + signum)
@@ -250,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         started = time.monotonic()
         smoke(venv, workdir)
+        demo(venv, workdir)
     except SmokeFailure as failure:
         say(f"FAILED: {failure}")
         return 1

@@ -23,8 +23,8 @@ from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.tasks.dispatch import CeleryDispatcher
 from digest_cleanup.testing import memory
 from digest_cleanup.testing.dispatcher import RecordingDispatcher
-from digest_cleanup.testing.servers import RedisServer
-from digest_cleanup.testing.stack import wait_for
+from tests.rig.servers import RedisServer
+from tests.rig.stack import wait_for
 
 CUTOFF = datetime(2026, 11, 22, 3, 0, tzinfo=UTC)
 OLD = CUTOFF - timedelta(days=3)

@@ -7,16 +7,16 @@ import statistics
 
 import pytest
 
-from digest_cleanup.testing.aws_model import (
+from tests.rig.aws_budget import (
     DELETE_BASE,
     LATENCY_CLAMP,
     OTHER_BASE,
-    AwsModel,
     WriteBudget,
     delete_latency_median,
     draw_latency,
     partition_of,
 )
+from tests.rig.aws_model import AwsModel
 
 
 def test_a_partition_is_the_bucket_and_the_first_path_segment() -> None:

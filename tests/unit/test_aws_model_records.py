@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from digest_cleanup.testing.aws_model import Arrival, accepted_rate, max_window_keys
+from tests.rig.aws_records import Arrival, accepted_rate, max_window_keys
 
 
 def _at(at: float, accepted: int, agent: str = "Boto3/1.40 pipeline") -> Arrival:

@@ -20,7 +20,7 @@ from digest_cleanup.model.dead_letters import make_entry
 from digest_cleanup.model.run_view import RunView
 from digest_cleanup.ops.metrics import RunStateCollector, oldest_pending_age, progress_ratio
 from digest_cleanup.pipeline.runtime import Runtime
-from digest_cleanup.testing.servers import free_port
+from tests.rig.servers import free_port
 
 TARGETS = """
 [targets.statements]

@@ -6,7 +6,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from digest_cleanup.testing import s3_listings
+from tests.rig import s3_listings
 
 #: A URL-encoded page as ``weed mini`` writes it, two objects and a continuation token.
 PAGE = (

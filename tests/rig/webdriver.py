@@ -23,9 +23,9 @@ from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any, Final
 
-from digest_cleanup.testing.servers.ports import LOOPBACK, free_port
-from digest_cleanup.testing.stack import Process, Stack, wait_for
-from digest_cleanup.testing.tools import require_tool
+from digest_cleanup.demo.servers import LOOPBACK, free_port
+from tests.rig.stack import Process, Stack, wait_for
+from tests.rig.tools import require_tool
 
 __all__ = [
     "CHROMIUM_ARGS",

@@ -1,4 +1,4 @@
-"""Fast seeding of many small objects into a test S3 server.
+"""Fast seeding of many small objects into a ``weed mini`` (or any S3 that takes anonymous PUTs).
 
 boto3 spends about 2 ms of CPU per PUT (signing, checksums, parsing), which caps
 one process at roughly 480 PUT/s.  :func:`seed_keys` instead sends bare HTTP/1.1
@@ -7,9 +7,9 @@ threads.  The requests are unsigned: ``weed mini`` with no IAM configured accept
 anonymous writes.  A server that demands signatures answers 403, which
 :func:`seed_keys` reports as a :class:`SeedError`.
 
-The workers are fresh interpreters (``python -m digest_cleanup.testing.seed JOB``)
-rather than :mod:`multiprocessing` children: forking a test process that already
-runs threads (proxies, Celery workers) can deadlock, and the spawn method would
+The workers are fresh interpreters (``python -m digest_cleanup.demo.seed JOB``)
+rather than :mod:`multiprocessing` children: forking a caller that already
+runs threads (a test's proxies, Celery workers) can deadlock, and the spawn method would
 re-run an unguarded ``__main__`` script of the caller.
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TypedDict
 from urllib.parse import quote, urlsplit
 
-from digest_cleanup.testing.servers import s3_client
+from digest_cleanup.demo.servers import s3_client
 
 __all__ = [
     "DEFAULT_BODY",
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 #: The body of every seeded object unless the caller gives one: small, like a stub PDF.
-DEFAULT_BODY = b"%PDF-1.4\n% digest-cleanup test artifact\n"
+DEFAULT_BODY = b"%PDF-1.4\n% digest-cleanup demo artifact\n"
 #: Below this many keys per process, starting another process costs more than it saves.
 _MIN_KEYS_PER_PROCESS = 1_000
 #: Attempts per key before it counts as failed (connection errors and 5xx are retried).
@@ -52,7 +52,7 @@ _ATTEMPTS_PER_KEY = 4
 #: How many failures a :class:`SeedError` quotes.
 _QUOTED_FAILURES = 5
 #: The module the worker processes run; ``__name__`` is ``__main__`` inside them.
-_WORKER_MODULE = "digest_cleanup.testing.seed"
+_WORKER_MODULE = "digest_cleanup.demo.seed"
 
 
 class SeedError(RuntimeError):
@@ -95,24 +95,18 @@ def create_bucket(
     bucket: str,
     *,
     versioning: bool = False,
-    object_lock: bool = False,
     exist_ok: bool = False,
 ) -> None:
-    """Create ``bucket``, optionally with versioning or Object Lock.
+    """Create ``bucket``, optionally with versioning.
 
-    Object Lock can only be switched on when the bucket is created, and it turns
-    versioning on by itself.  With ``exist_ok`` an existing bucket is accepted as is
-    (its versioning and lock settings are not checked).  Bucket-level calls are few,
-    so they go through boto3.
+    With ``exist_ok`` an existing bucket is accepted as is (its versioning is not
+    checked).  Bucket-level calls are few, so they go through boto3.
     """
     from botocore.exceptions import ClientError
 
     client = s3_client(endpoint_url)
     try:
-        if object_lock:
-            client.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
-        else:
-            client.create_bucket(Bucket=bucket)
+        client.create_bucket(Bucket=bucket)
     except ClientError as error:
         code = error.response.get("Error", {}).get("Code")
         # weed answers BucketAlreadyExists even for the caller's own bucket.
@@ -120,7 +114,7 @@ def create_bucket(
             raise
         client.head_bucket(Bucket=bucket)
         return
-    if versioning and not object_lock:
+    if versioning:
         client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
 
 

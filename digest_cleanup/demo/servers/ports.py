@@ -1,4 +1,4 @@
-"""The loopback address every test server listens on, and free ports to listen on."""
+"""The loopback address every server here listens on, and free ports to listen on."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def free_ports(count: int) -> list[int]:
 
     All the sockets stay bound until every port is picked, so the kernel cannot hand
     out the same port twice.  Another process may still take one before the caller
-    binds it; :class:`~digest_cleanup.testing.servers.WeedServer` retries with new
+    binds it; :class:`~digest_cleanup.demo.servers.WeedServer` retries with new
     ports when that happens.
     """
     if count < 0:

@@ -7,17 +7,21 @@ the test, and the skip reason ends with the command that installs it.  In CI
 step, and a skip would hide that behind a green run.  ``make test-tools`` installs
 every tool at once.
 
-This module imports only the standard library; pytest is imported when a test is
-skipped or failed, so the servers that use it also work without pytest.
+The skip-or-fail itself is the shipped plugin's
+(:func:`digest_cleanup.testing.redis_server.require`); this module adds the install
+lines of this project's own tools, and :func:`started_or_skip` for its servers.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import Final, TypeVar
+
+from digest_cleanup.demo.servers import ServerError, ServerProcess
+from digest_cleanup.testing.redis_server import in_ci, missing_message
+from digest_cleanup.testing.redis_server import require as plugin_require
 
 __all__ = [
     "INSTALL",
@@ -27,6 +31,7 @@ __all__ = [
     "missing_message",
     "require",
     "require_tool",
+    "started_or_skip",
 ]
 
 #: Installs every test tool: the dev extra with pip, then Debian packages for the rest.
@@ -55,19 +60,9 @@ INSTALL: Final[Mapping[str, str]] = MappingProxyType(
 )
 
 
-def in_ci() -> bool:
-    """Return whether this is a CI run (``CI=true``), where a missing tool is a failure."""
-    return os.environ.get("CI", "").lower() == "true"
-
-
 def install_line(tool: str) -> str:
     """Return the one line that installs ``tool``, or ``make test-tools`` for any other."""
     return INSTALL.get(tool, INSTALL_EVERY_TOOL)
-
-
-def missing_message(reason: str, install: str | None = INSTALL_EVERY_TOOL) -> str:
-    """Return ``reason`` with the line that installs what is missing, if there is one."""
-    return reason if install is None else f"{reason}; to install: {install}"
 
 
 def require(condition: bool, reason: str, *, install: str | None = INSTALL_EVERY_TOOL) -> None:
@@ -77,15 +72,7 @@ def require(condition: bool, reason: str, *, install: str | None = INSTALL_EVERY
     by default ``make test-tools``.  Pass None for a condition nothing installs (root
     privileges, say), so the message does not point at an install that would not help.
     """
-    if condition:
-        return
-    # pytest is imported here so that the servers work without it.
-    import pytest
-
-    message = missing_message(reason, install)
-    if in_ci():
-        pytest.fail(f"{message} (CI=true, so a missing dependency fails the test)", pytrace=False)
-    pytest.skip(message)
+    plugin_require(condition, reason, install=install)
 
 
 def require_tool(command: str) -> str:
@@ -94,3 +81,19 @@ def require_tool(command: str) -> str:
     require(path is not None, f"no `{command}` on PATH", install=install_line(command))
     assert path is not None  # require returned, so the condition held
     return path
+
+
+_S = TypeVar("_S", bound=ServerProcess)
+
+
+def started_or_skip(server: _S, name: str, *, install: str) -> _S:
+    """Start ``server`` and return it, or skip the test (fail it under CI) if it cannot start.
+
+    ``install`` is the line that installs the server, quoted in the skip message.
+    """
+    try:
+        server.start()
+    except ServerError as exc:
+        server.stop()
+        require(False, f"could not start {name}: {exc}", install=install)
+    return server

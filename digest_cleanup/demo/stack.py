@@ -1,8 +1,8 @@
-"""A real local stack: worker, beat and CLI processes against given Redis and S3 servers.
+"""The demo's processes: Celery workers, Flower and the CLI against given Redis and S3 servers.
 
-Used by the end-to-end tests, ``make demo``, the benchmarks and the
-reliability suite.  Every process starts in its own session, so it can be
-killed with its whole group, and leaves a log file in the stack's directory.
+Every process starts in its own session, so it can be killed with its whole group,
+and leaves a log file in the stack's directory.  The test suite's stack builds on
+this one.
 """
 
 from __future__ import annotations
@@ -163,10 +163,8 @@ class Stack:
         """Start ``celery -A digest_cleanup worker`` and wait until it is ready.
 
         ``pool`` and ``concurrency`` None start it as a plain worker does (the app's
-        default pool and size).
-
-        ``prefix`` comes before the command, such as ``ip netns exec HOST`` to run
-        the worker on another (network-namespace) host.
+        default pool and size).  ``extra`` goes after the worker's own options, and
+        ``prefix`` before the command (``nice -n 10``, say).
         """
         self._count += 1
         argv = [
@@ -189,27 +187,6 @@ class Stack:
         pinned = {"CLEANUP_WORKER_POOL": pool} if pool else {}
         proc = self.start("worker", argv, {**pinned, **(env or {})})
         return proc.wait_ready() if ready else proc
-
-    def beat(
-        self,
-        *,
-        env: Mapping[str, str] | None = None,
-        name: str = "beat",
-        schedule: Path | None = None,
-        extra: Sequence[str] = (),
-    ) -> Process:
-        """Start ``celery -A digest_cleanup beat``; pass ``schedule`` again to restart a beat."""
-        schedule = schedule or self.workdir / f"{name}-{self._count + 1}-schedule"
-        argv = [
-            self.executable("celery"),
-            "-A",
-            "digest_cleanup",
-            "beat",
-            "--loglevel=INFO",
-            f"--schedule={schedule}",
-            *extra,
-        ]
-        return self.start(name, argv, env)
 
     def cli(
         self, *args: str, env: Mapping[str, str] | None = None, timeout: float = 300

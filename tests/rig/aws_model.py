@@ -2,7 +2,7 @@
 
 ``weed mini`` answers every request at once and never says SlowDown, so a
 pipeline tuned against it alone can be tuned for a server that does not exist.
-:class:`AwsModel` is a rule set on :class:`~digest_cleanup.testing.proxy.ReverseProxy`
+:class:`AwsModel` is a rule set on :class:`~tests.rig.proxy.ReverseProxy`
 that makes ``weed mini`` behave, for writes, like S3 does::
 
     with AwsModel(weed.endpoint_url) as aws:
@@ -61,31 +61,38 @@ The model:
 
 Every DeleteObjects and DeleteObject is recorded as an :class:`Arrival` (other
 writes are limited but not recorded; the conditions probe a run's start sends
-passes untouched, see :func:`~digest_cleanup.testing.s3_messages.is_probe_request`);
-the queries (:meth:`AwsModel.max_window_keys`, :meth:`AwsModel.accepted_rate`, ...)
-read those records.  Everything is safe to
-use from any thread while requests flow.
+passes untouched, see :func:`~tests.rig.s3_messages.is_probe_request`); the
+queries (:meth:`AwsModel.max_window_keys`, :meth:`AwsModel.accepted_rate`, ...) read
+those records.  Everything is safe to use from any thread while requests flow.
 
-The module is long because it is one imitation of S3, stated once: the budget,
-the SlowDown forms, the latency and the records are its parts, each small and
-pure where it can be (:class:`WriteBudget`, :func:`draw_latency`,
-:func:`max_window_keys`), and 70 of its lines are this docstring.
+The budget's arithmetic and the latency draws are small pure pieces in
+:mod:`tests.rig.aws_budget`, the records and their queries in
+:mod:`tests.rig.aws_records`.
 """
 
 from __future__ import annotations
 
 import collections
 import http.client
-import math
 import random
-import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from digest_cleanup.testing.proxy import ProxyHandler, ReverseProxy
-from digest_cleanup.testing.s3_messages import (
+from tests.rig.aws_budget import (
+    LIST_BASE,
+    OTHER_BASE,
+    WRITE_RATE,
+    Partition,
+    WriteBudget,
+    delete_latency_median,
+    draw_latency,
+    partition_of,
+)
+from tests.rig.aws_records import Arrival, DeleteRecords
+from tests.rig.proxy import ProxyHandler, ReverseProxy
+from tests.rig.s3_messages import (
     SLOWDOWN_BODY,
     SLOWDOWN_MESSAGE,
     delete_result,
@@ -97,156 +104,14 @@ from digest_cleanup.testing.s3_messages import (
     split_delete_body,
 )
 
-__all__ = [
-    "DELETE_BASE",
-    "DELETE_PER_KEY",
-    "FORMS",
-    "LATENCY_CLAMP",
-    "LATENCY_SIGMA",
-    "LIST_BASE",
-    "OTHER_BASE",
-    "RETRY_AFTER_HEADER",
-    "WRITE_RATE",
-    "Arrival",
-    "AwsModel",
-    "Partition",
-    "WriteBudget",
-    "accepted_rate",
-    "delete_latency_median",
-    "draw_latency",
-    "max_window_keys",
-    "partition_of",
-]
+__all__ = ["FORMS", "RETRY_AFTER_HEADER", "AwsModel"]
 
 #: The ways S3 says SlowDown to a DeleteObjects (see the module docstring).
 FORMS = ("503", "200", "per_key")
-#: S3's documented writes per second per partitioned prefix.
-WRITE_RATE = 3_500.0
-#: Median seconds of a DeleteObjects before its per-key cost.
-DELETE_BASE = 0.030
-#: Median seconds each key adds to a DeleteObjects.
-DELETE_PER_KEY = 0.0002
-#: Median seconds of one list page (ListObjectsV2).
-LIST_BASE = 0.040
-#: Median seconds of any other request, and of a throttled answer.
-OTHER_BASE = 0.010
-#: The sigma of the lognormal factor on each median; 0.3 puts the 99th percentile at 2x.
-LATENCY_SIGMA = 0.3
-#: No draw exceeds this many times its median, so one unlucky draw cannot stall a test.
-LATENCY_CLAMP = 4.0
 #: The header newer AWS SDKs read a server's suggested retry delay from, in milliseconds.
 RETRY_AFTER_HEADER = "x-amz-retry-after"
 #: Methods that spend a write token when they name a key.
 _WRITE_METHODS = frozenset({"PUT", "POST", "DELETE"})
-
-#: A write budget's unit: (bucket, first path segment of the key with its "/", or "").
-Partition = tuple[str, str]
-
-
-def partition_of(bucket: str, key: str) -> Partition:
-    """The partition a key's writes are counted in: ``("b", "statements/")`` or ``("b", "")``."""
-    slash = key.find("/")
-    return (bucket, key[: slash + 1] if slash >= 0 else "")
-
-
-def delete_latency_median(keys: int) -> float:
-    """The median latency, in seconds, of a DeleteObjects of ``keys`` keys."""
-    return DELETE_BASE + DELETE_PER_KEY * keys
-
-
-def draw_latency(
-    median: float,
-    rng: random.Random,
-    *,
-    sigma: float = LATENCY_SIGMA,
-    clamp: float = LATENCY_CLAMP,
-) -> float:
-    """One latency around ``median``: ``median * lognormal(0, sigma)``, at most ``clamp * median``.
-
-    The lognormal factor has a median of 1, so half the draws fall below ``median``.
-    """
-    return min(median * rng.lognormvariate(0.0, sigma), median * clamp)
-
-
-class WriteBudget:
-    """One token bucket per partition: ``rate`` tokens a second, at most ``capacity``.
-
-    Buckets start full.  Times are given by the caller (``time.monotonic()``
-    seconds), so the arithmetic can be tested without waiting.  Not thread-safe:
-    :class:`AwsModel` calls it under its lock.
-    """
-
-    def __init__(self, rate: float, capacity: float) -> None:
-        if not rate > 0 or not capacity >= 1:
-            raise ValueError(f"need rate > 0 and capacity >= 1, not {rate} and {capacity}")
-        self.rate = rate
-        self.capacity = capacity
-        # partition -> [tokens, the time they were counted at]
-        self._buckets: dict[Partition, list[float]] = {}
-
-    def tokens(self, partition: Partition, now: float) -> float:
-        """The tokens ``partition`` holds at ``now``, after refilling."""
-        bucket = self._buckets.get(partition)
-        if bucket is None:
-            bucket = self._buckets[partition] = [self.capacity, now]
-        elif now > bucket[1]:
-            bucket[0] = min(self.capacity, bucket[0] + (now - bucket[1]) * self.rate)
-            bucket[1] = now
-        return bucket[0]
-
-    def take_all(self, needs: Mapping[Partition, int], now: float) -> bool:
-        """Take every token ``needs`` asks for, or none: True if they were all there."""
-        if any(self.tokens(p, now) < n for p, n in needs.items()):
-            return False
-        for partition, n in needs.items():
-            self._buckets[partition][0] -= n
-        return True
-
-    def take_some(self, needs: Mapping[Partition, int], now: float) -> dict[Partition, int]:
-        """Take, in each partition, as many whole tokens of its need as it holds."""
-        granted: dict[Partition, int] = {}
-        for partition, n in needs.items():
-            granted[partition] = min(n, math.floor(self.tokens(partition, now)))
-            self._buckets[partition][0] -= granted[partition]
-        return granted
-
-
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    """One DeleteObjects or DeleteObject as the model saw it."""
-
-    #: ``time.monotonic()`` when it arrived, before any latency.
-    at: float
-    #: Keys it named (1 for a DeleteObject).
-    keys: int
-    #: Keys forwarded upstream to be deleted.
-    accepted: int
-    #: The SlowDown form it was throttled in, or None.
-    form: str | None
-    #: Its User-Agent header.
-    agent: str
-
-
-def max_window_keys(arrivals: Iterable[Arrival], window: float) -> int:
-    """The most accepted keys among arrivals inside any ``[t, t + window)``."""
-    if not window > 0:
-        raise ValueError(f"window must be > 0, not {window}")
-    ordered = sorted((a for a in arrivals if a.accepted), key=lambda a: a.at)
-    best = in_window = start = 0
-    for arrival in ordered:
-        in_window += arrival.accepted
-        while arrival.at - ordered[start].at >= window:
-            in_window -= ordered[start].accepted
-            start += 1
-        best = max(best, in_window)
-    return best
-
-
-def accepted_rate(arrivals: Iterable[Arrival], start: float, end: float) -> float:
-    """Accepted keys of the arrivals in ``[start, end)``, per second."""
-    if not end > start:
-        raise ValueError(f"end must be after start, not {start}..{end}")
-    return sum(a.accepted for a in arrivals if start <= a.at < end) / (end - start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,10 +127,11 @@ class _Verdict:
         return sum(self.granted.values())
 
 
-class AwsModel(ReverseProxy):
+class AwsModel(ReverseProxy, DeleteRecords):
     """A proxy in front of an S3 endpoint that answers like AWS S3 under write load.
 
-    See the module docstring for the rules and where they come from.
+    See the module docstring for the rules and where they come from; the records and
+    their queries are :class:`~tests.rig.aws_records.DeleteRecords`'s.
     """
 
     label = "aws model"
@@ -295,13 +161,11 @@ class AwsModel(ReverseProxy):
         self.forms = tuple(forms)
         self.latency = latency
         self.retry_after_ms = retry_after_ms
-        self._lock = threading.Lock()
+        DeleteRecords.__init__(self)
         self._budget = WriteBudget(write_rate, write_rate * burst_seconds)
         self._form_random = random.Random(seed)
         self._latency_random = random.Random(seed + 1)
         self._forced: collections.deque[tuple[str, int | None]] = collections.deque()
-        self._arrivals: list[Arrival] = []
-        self._list_requests = 0
 
     def force_throttle(
         self, requests: int, form: str = "503", retry_after_ms: int | None = None
@@ -316,73 +180,6 @@ class AwsModel(ReverseProxy):
             raise ValueError(f"form must be one of {FORMS}, not {form!r}")
         with self._lock:
             self._forced.extend([(form, retry_after_ms)] * requests)
-
-    # -- records
-
-    def arrivals(self) -> list[Arrival]:
-        """A copy of every DeleteObjects and DeleteObject recorded, in arrival order."""
-        with self._lock:
-            return sorted(self._arrivals, key=lambda a: a.at)
-
-    @property
-    def delete_requests(self) -> int:
-        """DeleteObjects and DeleteObject requests received, throttled or not."""
-        with self._lock:
-            return len(self._arrivals)
-
-    @property
-    def throttled_requests(self) -> int:
-        """Delete requests answered SlowDown, in any form."""
-        with self._lock:
-            return sum(1 for a in self._arrivals if a.form is not None)
-
-    def throttled_share(self) -> float:
-        """Throttled delete requests per delete request; 0.0 before the first."""
-        with self._lock:
-            total = len(self._arrivals)
-            throttled = sum(1 for a in self._arrivals if a.form is not None)
-        return throttled / total if total else 0.0
-
-    @property
-    def keys_accepted(self) -> int:
-        """Keys forwarded upstream to be deleted."""
-        with self._lock:
-            return sum(a.accepted for a in self._arrivals)
-
-    def throttles_by_form(self) -> collections.Counter[str]:
-        """SlowDown form -> how many delete requests were throttled in it."""
-        with self._lock:
-            return collections.Counter(a.form for a in self._arrivals if a.form is not None)
-
-    @property
-    def list_requests(self) -> int:
-        """ListObjectsV2 pages served."""
-        with self._lock:
-            return self._list_requests
-
-    def max_window_keys(self, window: float = 1.0, agent: str | None = None) -> int:
-        """The most keys accepted in any ``window`` seconds (see :func:`max_window_keys`).
-
-        With ``agent``, only requests whose User-Agent contains it count.
-        """
-        return max_window_keys(self._arrivals_of(agent), window)
-
-    def accepted_rate(self, start: float, end: float, agent_contains: str | None = None) -> float:
-        """Keys per second accepted from arrivals in ``[start, end)`` (monotonic seconds).
-
-        With ``agent_contains``, only requests whose User-Agent contains it count.
-        """
-        return accepted_rate(self._arrivals_of(agent_contains), start, end)
-
-    def reset_counters(self) -> None:
-        """Forget every record; the budget and the forced throttles stay as they are."""
-        with self._lock:
-            self._arrivals.clear()
-            self._list_requests = 0
-
-    def _arrivals_of(self, agent: str | None) -> list[Arrival]:
-        with self._lock:
-            return [a for a in self._arrivals if agent is None or agent in a.agent]
 
     # -- the rules
 
