@@ -37,6 +37,7 @@ LAYERS = {
     "broker": 9,
     "beat_schedule": 9,
     "testing": 10,
+    "demo.servers": 10,  # the demo's Redis and S3 launchers, which the plugin's Redis reuses
     "cli": 11,
     "console": 11,  # an edge beside the CLI: it serves what the CLI prints, never the Celery app
     "demo": 12,
