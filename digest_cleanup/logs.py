@@ -175,9 +175,24 @@ def item_prefixes(targets: Iterable[Any]) -> list[str]:
     ``targets`` are :class:`~digest_cleanup.config.targets.Target` objects; each
     kind says what its keys start with in :meth:`TargetKind.log_prefixes
     <digest_cleanup.kinds.TargetKind.log_prefixes>` (an S3 target's ``prefix``, a
-    directory, ``session:``).
+    directory, ``session:``).  A target whose kind declares none cannot have its keys
+    found in a line, so its keys would be logged as they are: that is said once, as a
+    warning naming the target and the hook, each time the prefixes are gathered.
     """
-    return [p for t in targets for p in t.kind_class.log_prefixes(t.options) if p]
+    found: list[str] = []
+    for target in targets:
+        declared = [p for p in target.kind_class.log_prefixes(target.options) if p]
+        if not declared:
+            logging.getLogger("digest_cleanup.logs").warning(
+                "target %s: its kind (%s) declares no key prefix that logs may show, so "
+                "its keys cannot be told apart in a log line and are not redacted; give "
+                "the kind a namespace() or log_prefixes() (docs/adding-a-cleanup-task.md), "
+                "or give the target a non-empty prefix",
+                target.name,
+                target.kind_class.__name__,
+            )
+        found.extend(declared)
+    return found
 
 
 def _variants(secrets: Iterable[str]) -> list[str]:

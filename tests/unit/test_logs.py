@@ -140,6 +140,29 @@ def test_item_prefixes_come_from_targets_that_have_one():
     assert item_prefixes(targets) == ["statements/"]
 
 
+def test_a_target_whose_keys_logs_cannot_find_is_named_in_a_warning(caplog):
+    # Given a target whose kind declares no prefix a log line could find its keys by
+    targets = parse_targets(
+        """
+        [targets.snapshots]
+        kind = "digest_cleanup.testing.memory:MemoryKind"
+        store = "logs"
+        prefix = ""
+        retention_days = 30
+        schedule = "0 3 * * 0"
+        """
+    )
+
+    # When the worker gathers the prefixes its log scrubber looks for
+    with caplog.at_level(logging.WARNING, logger="digest_cleanup.logs"):
+        assert item_prefixes(targets) == []
+
+    # Then the warning names the target and the hooks that would fix it
+    (record,) = [r for r in caplog.records if r.name == "digest_cleanup.logs"]
+    assert "target snapshots" in record.getMessage()
+    assert "log_prefixes()" in record.getMessage()
+
+
 def test_json_format_gives_one_object_per_line_with_the_event_fields(captured):
     logger, stream = captured
     install(logger, settings(log_format="json"), ["statements/"])
