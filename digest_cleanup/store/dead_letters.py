@@ -84,8 +84,10 @@ class DeadLetterQueue:
         self.work_queue = work_queue
         self.work_exchange = work_exchange or work_queue
         self.work_routing_key = work_routing_key or work_queue
-        #: The prefix of every key (the audit log is ``PREFIX:audit``).
+        #: The prefix of every key of the store.
         self.key_prefix = keys.prefix
+        #: The audit log's key, which purges and operators' actions write to.
+        self.audit_key = keys.audit()
         self._absorb = Script(client, "dead_letter_absorb.lua")
         self._absorb_indexed = Script(client, "dead_letter_absorb_indexed.lua")
         self._merge = Script(client, "dead_letter_merge.lua")
@@ -285,7 +287,7 @@ class DeadLetterQueue:
                 "entry": entry.as_dict(),
             }
             removed = self._purge(
-                keys={**self._index_keys(entry.run_id, entry.target), "audit": self.keys.audit()},
+                keys={**self._index_keys(entry.run_id, entry.target), "audit": self.audit_key},
                 args={"id": entry.id, "record": json.dumps(record), "key_count": entry.key_count},
             )
             if int(removed):
@@ -294,10 +296,10 @@ class DeadLetterQueue:
 
     def log_action(self, record: Mapping[str, Any]) -> None:
         """Add an operator's action (an abort, say) to the audit log purges write to."""
-        self.client.lpush(self.keys.audit(), json.dumps(record))
+        self.client.lpush(self.audit_key, json.dumps(record))
 
     def audit_log(self, limit: int = 100) -> list[dict[str, Any]]:
-        raw = self.client.lrange(self.keys.audit(), 0, limit - 1)
+        raw = self.client.lrange(self.audit_key, 0, limit - 1)
         return [json.loads(r) for r in raw]
 
 

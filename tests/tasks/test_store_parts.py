@@ -21,6 +21,7 @@ from digest_cleanup.model.batches import BatchPayload, BatchRecord
 from digest_cleanup.model.dead_letters import index_headers, make_entry
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.store import scripts
+from digest_cleanup.store.keys import RUN_KEY_SUFFIXES, Keys
 from digest_cleanup.store.scripts import Script
 
 TARGET = "statements"
@@ -131,7 +132,10 @@ def test_the_parts_share_one_client_and_one_keyspace(runtime):
         assert part.client is store.redis
         assert part.keys is store.keys
     assert budget.redis is store.redis
-    assert budget.key == store.keys.budget(TARGET)
+    # and their key names are the schema's, under the one prefix
+    assert budget.key == store.keys.budget(TARGET) == "dc:budget:statements"
+    assert dlq.audit_key == store.keys.audit() == "dc:audit"
+    assert store.run_key("r", "pending") == store.keys.run("r", "pending") == "dc:run:r:pending"
 
 
 def test_a_redrive_moves_the_run_counters_through_the_run_part(runtime):
@@ -163,3 +167,49 @@ def test_a_redrive_moves_the_run_counters_through_the_run_part(runtime):
     assert store.is_in_flight(run, batch)
     assert store.is_redriven(run, batch)
     assert json.loads(store.redis.lindex("batches", 0))["headers"]["id"] == "dl-r"
+
+
+def test_the_key_names_are_those_a_running_deployment_already_holds():
+    # A Redis upgraded in place keeps its runs, leases, locks and dead letters under these
+    keys = Keys("dc")
+    assert [
+        keys.run("R"),
+        keys.run("R", "sweep_lease"),
+        keys.sweep_lease("R"),
+        keys.runs(),
+        keys.latest("T"),
+        keys.latency("T"),
+        keys.timings("T"),
+        keys.slot("T", "S"),
+        keys.target("T", "last_success"),
+        keys.target("T", "probed"),
+        keys.target("T", "verify"),
+        keys.dead_letters("entries"),
+        keys.dead_letters("run", "R"),
+        keys.dead_letters(),
+        keys.audit(),
+        keys.budget("T"),
+        keys.clock_skews(),
+    ] == [
+        "dc:run:R",
+        "dc:run:R:sweep_lease",
+        "dc:run:R:sweep_lease",
+        "dc:runs",
+        "dc:target:T:latest",
+        "dc:latency:T",
+        "dc:timings:T",
+        "dc:slot:T:S",
+        "dc:target:T:last_success",
+        "dc:target:T:probed",
+        "dc:target:T:verify",
+        "dc:dlq:entries",
+        "dc:dlq:run:R",
+        "dc:dlq:",
+        "dc:audit",
+        "dc:budget:T",
+        "dc:clock_skew",
+    ]
+    assert set(RUN_KEY_SUFFIXES) == {
+        "", "checkpoint", "claims", "pending", "retry_codes", "retried_codes", "deliveries",
+        "staged", "skipped_keys", "sweep_lease", "progress", "published", "redriven", "chains",
+    }  # fmt: skip
