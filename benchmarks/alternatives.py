@@ -40,8 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds.s3_client import make_client
+from digest_cleanup.settings import Settings
 from tests.rig.servers import s3_client
 
 #: Keys per DeleteObjects request in the probe: the most S3 takes.

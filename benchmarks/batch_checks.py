@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.dead_letters import update as update_section
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.model.batches import BatchPayload, entry_digests, unpublished_keys
 from digest_cleanup.pipeline import trusted_clock
 from digest_cleanup.pipeline.batch_checks import check_delivery
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from tests.rig.servers import RedisServer, WeedServer, s3_client
 
 #: Keys per batch: the card's 500-key batches.

@@ -23,11 +23,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from digest_cleanup.app import create_app
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import KeyResult, Outcome
 from digest_cleanup.model.batches import BatchPayload
 from digest_cleanup.model.dead_letters import make_entry
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from tests.rig.servers import RedisServer
 
 #: Queue depths compared: a handful, and far past a bad week.

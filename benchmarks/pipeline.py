@@ -38,11 +38,11 @@ import redis
 from benchmarks.environment import affinity, children, client_ports, cpu_seconds, memory_kib
 from digest_cleanup.app import create_app
 from digest_cleanup.clock import epoch_of
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.model.run_view import FINAL_STATUSES
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from digest_cleanup.store.runs import RunStore
 from tests.rig.stack import Process, Stack
 

@@ -17,9 +17,9 @@ def default_app() -> Any:
     """The app for the environment's settings and targets, with its beat schedule."""
     from digest_cleanup.app import create_app
     from digest_cleanup.beat_schedule import build_schedule
-    from digest_cleanup.config.settings import Settings
-    from digest_cleanup.config.targets import load_targets
     from digest_cleanup.errors import ConfigError
+    from digest_cleanup.settings import Settings
+    from digest_cleanup.targets import load_targets
 
     try:
         settings = Settings.from_env()

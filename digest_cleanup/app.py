@@ -10,10 +10,10 @@ from celery import Celery, signals
 from kombu.entity import Queue
 
 from digest_cleanup import broker
-from digest_cleanup.config.settings import DEFAULT_WORKER_THREADS, Settings
-from digest_cleanup.config.targets import Targets
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, SWEEP_QUEUE
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import DEFAULT_WORKER_THREADS, Settings
+from digest_cleanup.targets import Targets
 from digest_cleanup.tasks.dispatch import BATCH_TASK, SWEEP_TASK, TRIGGER_TASK, CeleryDispatcher
 
 #: Seconds between kombu's scans for unacknowledged messages past their

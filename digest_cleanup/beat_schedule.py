@@ -12,8 +12,8 @@ from typing import Any
 
 from celery import signals
 
-from digest_cleanup.config.targets import Targets
 from digest_cleanup.pipeline.messaging import SWEEP_QUEUE
+from digest_cleanup.targets import Targets
 from digest_cleanup.tasks.dispatch import TRIGGER_TASK
 
 #: A trigger still queued this long after its slot is stale; the next beat

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis
 
-from digest_cleanup.config.settings import Settings
+from digest_cleanup.settings import Settings
 
 #: Attempts to reach the broker when a worker or beat starts, before it gives up.
 STARTUP_ATTEMPTS = 3

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, unquote
 
-from digest_cleanup.config.settings import Settings
+from digest_cleanup.settings import Settings
 
 #: Hex digits kept from the SHA-256 of a customer segment: enough to correlate
 #: lines about one customer, too few to be a lookup key on their own.
@@ -172,7 +172,7 @@ def install(logger: logging.Logger, settings: Settings, prefixes: Iterable[str] 
 def item_prefixes(targets: Iterable[Any]) -> list[str]:
     """The leading parts of the targets' keys, as each target's kind declares them.
 
-    ``targets`` are :class:`~digest_cleanup.config.targets.Target` objects; each
+    ``targets`` are :class:`~digest_cleanup.targets.Target` objects; each
     kind says what its keys start with in :meth:`TargetKind.log_prefixes
     <digest_cleanup.kinds.TargetKind.log_prefixes>` (an S3 target's ``prefix``, a
     directory, ``session:``).  A target whose kind declares none cannot have its keys

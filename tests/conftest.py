@@ -132,8 +132,8 @@ def s3_targets(
 
 def scope_of(stack: Stack, target: str) -> str:
     """The scope digest a batch of ``target`` must carry for the stack's workers."""
-    from digest_cleanup.config.settings import Settings
     from digest_cleanup.pipeline.runtime import Runtime
+    from digest_cleanup.settings import Settings
 
     return Runtime(Settings.from_env(stack.env)).kind(target).scope_digest
 

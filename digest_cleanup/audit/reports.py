@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from digest_cleanup.clock import now_iso
-from digest_cleanup.config.settings import Settings
+from digest_cleanup.settings import Settings
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -37,8 +37,8 @@ from digest_cleanup.cli import (
     verify,
 )
 from digest_cleanup.cli.context import EXIT_USAGE, Context
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import CleanupError
+from digest_cleanup.settings import Settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:

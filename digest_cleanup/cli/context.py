@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from digest_cleanup.broker import eviction_problem, safe_url
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import CleanupError, ConfigError, UsageError
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 STATUS_EXIT = {"complete": EXIT_OK, "complete_with_failures": EXIT_FAILURES, "failed": EXIT_FAILED}

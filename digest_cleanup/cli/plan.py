@@ -10,7 +10,6 @@ import argparse
 from typing import TYPE_CHECKING
 
 from digest_cleanup.cli.context import EXIT_OK, add_command, print_json
-from digest_cleanup.config.targets import DEFAULT_BATCH_SIZE
 from digest_cleanup.errors import UsageError
 from digest_cleanup.ops.capacity import (
     DEFAULT_PER_WORKER,
@@ -20,6 +19,7 @@ from digest_cleanup.ops.capacity import (
     parse_duration,
     plan,
 )
+from digest_cleanup.targets import DEFAULT_BATCH_SIZE
 
 if TYPE_CHECKING:
     from digest_cleanup.cli.context import Context, Subcommands

@@ -14,8 +14,8 @@ import dataclasses
 import hmac
 from typing import Literal
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import ConfigError
+from digest_cleanup.settings import Settings
 
 Role = Literal["admin", "viewer"]
 #: The realm a browser shows in its password prompt.

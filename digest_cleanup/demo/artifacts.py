@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from digest_cleanup.config.targets import DEFAULT_BATCH_SIZE
 from digest_cleanup.demo.seed import create_bucket, digest_layout_keys, seed_keys
+from digest_cleanup.targets import DEFAULT_BATCH_SIZE
 
 #: The bucket of the demo, the same name as in the compose stack's targets file.
 DEFAULT_BUCKET = "digest-artifacts"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from digest_cleanup.config.settings import DEFAULT_WORKER_THREADS
 from digest_cleanup.demo.artifacts import AUDIT_BUCKET, DEFAULT_BUCKET, TARGET, seed_artifacts
 from digest_cleanup.demo.phases import say
 from digest_cleanup.demo.seed import create_bucket
 from digest_cleanup.demo.weekly import run_demo
+from digest_cleanup.settings import DEFAULT_WORKER_THREADS
 
 #: Artifacts seeded by default: one weekly digest of the ~120k-customer product.
 DEFAULT_KEYS = 120_000

@@ -9,7 +9,6 @@ from datetime import datetime
 from types import FrameType
 from typing import NoReturn
 
-from digest_cleanup.config.settings import DEFAULT_WORKER_THREADS
 from digest_cleanup.demo.artifacts import (
     AUDIT_BUCKET,
     DEFAULT_BUCKET,
@@ -24,6 +23,7 @@ from digest_cleanup.demo.report import count_by_prefix, report
 from digest_cleanup.demo.seed import create_bucket
 from digest_cleanup.demo.stack import Stack
 from digest_cleanup.pipeline.lifecycle import run_id_for
+from digest_cleanup.settings import DEFAULT_WORKER_THREADS
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> NoReturn:

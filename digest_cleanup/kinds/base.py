@@ -28,8 +28,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds.options import parse_dataclass
+from digest_cleanup.settings import Settings
 
 __all__ = [
     "CHANGED_SINCE_LISTING",

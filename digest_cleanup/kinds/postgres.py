@@ -35,13 +35,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import SettingsError, StoreError, TransientError
 from digest_cleanup.kinds import postgres_catalog
 from digest_cleanup.kinds.base import CHANGED_SINCE_LISTING, KeyResult, Outcome, Page, TargetKind
 from digest_cleanup.kinds.postgres_catalog import KeyType
 from digest_cleanup.kinds.postgres_errors import classify
 from digest_cleanup.kinds.postgres_options import PostgresOptions, validate
+from digest_cleanup.settings import Settings
 
 #: Rows one scan query reads.  Each page is one bounded range scan of the
 #: primary-key index, so its cost stays the same however few rows have expired.

@@ -38,7 +38,6 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PermanentError, TargetsFileError
 from digest_cleanup.kinds import s3_shards
 from digest_cleanup.kinds.base import Finding, KeyResult, Page, TargetKind, parse_dataclass
@@ -46,6 +45,7 @@ from digest_cleanup.kinds.s3_client import aware, make_client, mapped_errors
 from digest_cleanup.kinds.s3_delete import VERSION_SEPARATOR, Deletion
 from digest_cleanup.kinds.s3_options import S3Options as S3Options  # named beside the kind
 from digest_cleanup.kinds.s3_versions import VersionedDeletion, scan_versions
+from digest_cleanup.settings import Settings
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

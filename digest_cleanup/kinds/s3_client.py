@@ -28,9 +28,9 @@ from botocore.exceptions import (
 )
 
 from digest_cleanup import __version__
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PermanentError, TransientError
 from digest_cleanup.kinds import s3_listing
+from digest_cleanup.settings import Settings
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

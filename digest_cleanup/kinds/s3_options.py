@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-    from digest_cleanup.config.settings import Settings
+    from digest_cleanup.settings import Settings
 
 
 @dataclasses.dataclass(frozen=True)

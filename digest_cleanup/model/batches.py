@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PoisonMessage
 from digest_cleanup.kinds import KeyResult, Outcome
+from digest_cleanup.settings import Settings
 
 #: The most keys a batch message may carry, whatever the target says: a larger
 #: message is poison (a forged or corrupted one), never split and deleted.

@@ -32,8 +32,8 @@ import re
 import statistics
 from collections.abc import Sequence
 
-from digest_cleanup.config.settings import DEFAULT_WORKER_THREADS
 from digest_cleanup.errors import UsageError
+from digest_cleanup.settings import DEFAULT_WORKER_THREADS
 
 #: The utilization a plan aims for unless told otherwise.
 DEFAULT_UTILIZATION = 0.6

@@ -28,12 +28,12 @@ from prometheus_client.metrics_core import (
 )
 
 from digest_cleanup.clock import epoch_of
-from digest_cleanup.config.targets import DEFAULT_MAX_SKIPPED_SHARE
 from digest_cleanup.model.run_view import RunView
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.trusted_clock import recorded_skews
 from digest_cleanup.store.budget import BudgetState
 from digest_cleanup.store.run_records import LATENCY_BUCKETS
+from digest_cleanup.targets import DEFAULT_MAX_SKIPPED_SHARE
 
 logger = logging.getLogger("digest_cleanup.metrics")
 

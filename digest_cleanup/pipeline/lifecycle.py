@@ -21,13 +21,13 @@ from typing import Any, Literal
 
 from digest_cleanup.audit import reports
 from digest_cleanup.clock import epoch_of, now_iso
-from digest_cleanup.config.targets import Target
 from digest_cleanup.errors import ConfigError
 from digest_cleanup.kinds import Finding, TargetKind
 from digest_cleanup.logs import log_event
 from digest_cleanup.model.run_view import FINAL_STATUSES
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.trusted_clock import trusted_now
+from digest_cleanup.targets import Target
 
 logger = logging.getLogger("digest_cleanup.run")
 

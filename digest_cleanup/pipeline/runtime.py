@@ -17,14 +17,14 @@ from functools import cached_property
 
 import redis
 
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import Target, Targets, load_targets
 from digest_cleanup.errors import ConfigError
 from digest_cleanup.kinds import TargetKind
 from digest_cleanup.pipeline.messaging import BATCH_QUEUE, Dispatcher
+from digest_cleanup.settings import Settings
 from digest_cleanup.store.budget import BudgetState, DeleteBudget
 from digest_cleanup.store.dead_letters import DeadLetterQueue
 from digest_cleanup.store.runs import RunStore
+from digest_cleanup.targets import Target, Targets, load_targets
 
 logger = logging.getLogger("digest_cleanup.runtime")
 

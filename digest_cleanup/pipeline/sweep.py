@@ -28,7 +28,6 @@ import logging
 import time
 from datetime import datetime
 
-from digest_cleanup.config.targets import Target
 from digest_cleanup.errors import CutoffError, PermanentError, RunStateError, StoreError
 from digest_cleanup.kinds import TargetKind
 from digest_cleanup.logs import log_event
@@ -38,6 +37,7 @@ from digest_cleanup.pipeline.lifecycle import finish_run
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep_phases import Fenced, Slice, SliceResult, guard_pass, publish
 from digest_cleanup.pipeline.trusted_clock import trusted_now
+from digest_cleanup.targets import Target
 
 logger = logging.getLogger("digest_cleanup.sweep")
 

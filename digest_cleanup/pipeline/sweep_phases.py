@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import Any, Literal
 
 from digest_cleanup.clock import now_iso
-from digest_cleanup.config.targets import Target
 from digest_cleanup.errors import RunStateError
 from digest_cleanup.kinds import Page, TargetKind
 from digest_cleanup.logs import log_event
@@ -27,6 +26,7 @@ from digest_cleanup.pipeline.lifecycle import finish_run
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.store.runs import RunStore
 from digest_cleanup.store.sweeps import StageFenced
+from digest_cleanup.targets import Target
 
 logger = logging.getLogger("digest_cleanup.sweep")
 

@@ -11,10 +11,10 @@ from celery import shared_task
 from celery.exceptions import Reject
 
 from digest_cleanup.clock import utcnow
-from digest_cleanup.config.targets import CATCH_UP_WINDOW
 from digest_cleanup.errors import CutoffError
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.sweep import on_slice_error, sweep_slice
+from digest_cleanup.targets import CATCH_UP_WINDOW
 from digest_cleanup.tasks.base import CleanupTask
 from digest_cleanup.tasks.dispatch import SWEEP_TASK, TRIGGER_TASK
 

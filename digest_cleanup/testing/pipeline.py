@@ -43,15 +43,15 @@ import celery
 
 from digest_cleanup.app import create_app
 from digest_cleanup.clock import utcnow
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import Target, Targets, parse_targets
 from digest_cleanup.logs import JsonFormatter, SafeFormatter, Scrubber, item_prefixes
 from digest_cleanup.model.run_view import RunView
 from digest_cleanup.ops.progress import wait
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.messaging import SWEEP_QUEUE
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from digest_cleanup.store.runs import RunStore
+from digest_cleanup.targets import Target, Targets, parse_targets
 from digest_cleanup.testing.worker import in_process_worker
 
 #: Seconds a run may take before :func:`run_pipeline` gives up waiting.

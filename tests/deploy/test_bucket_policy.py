@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.config.targets import load_targets
 from digest_cleanup.kinds.s3_probe import probe_prefix
+from digest_cleanup.targets import load_targets
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

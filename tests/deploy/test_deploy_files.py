@@ -30,7 +30,7 @@ import click
 import pytest
 import yaml
 
-from digest_cleanup.config.settings import DEFAULT_VISIBILITY_TIMEOUT
+from digest_cleanup.settings import DEFAULT_VISIBILITY_TIMEOUT
 from tests.rig.tools import require, require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -743,7 +743,7 @@ def test_compose_waits_for_healthy_dependencies(compose: dict[str, Any]) -> None
 
 
 def test_compose_targets_file_is_valid_and_mounted(compose: dict[str, Any]) -> None:
-    from digest_cleanup.config.targets import load_targets
+    from digest_cleanup.targets import load_targets
 
     targets = load_targets(COMPOSE / "targets.toml")
 
@@ -816,7 +816,7 @@ def test_iam_policy_grants_only_the_allowed_actions(
 def test_iam_policy_restricts_every_resource_to_the_targets(
     policy_statements: list[dict[str, Any]],
 ) -> None:
-    from digest_cleanup.config.targets import load_targets
+    from digest_cleanup.targets import load_targets
 
     targets = list(load_targets(COMPOSE / "targets.toml"))
     buckets = {t.options.bucket for t in targets}

@@ -20,10 +20,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.model.batches import BatchRecord
 from digest_cleanup.ops.metrics import RunStateCollector
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from tests.rig.tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from tests.conftest import list_keys, s3_targets, seed_split
 from tests.rig.stack import wait_for
 

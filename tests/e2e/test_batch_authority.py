@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from digest_cleanup.app import create_app
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.model.batches import BatchPayload
+from digest_cleanup.settings import Settings
 from tests.conftest import dlq_entries as _entries
 from tests.conftest import finished_run as _finished
 from tests.conftest import list_keys, put_keys, s3_targets, scope_of, seed_split

@@ -184,8 +184,8 @@ def test_a_redelivered_trigger_still_starts_the_run_it_claimed(make_stack, bucke
 
 def _send_trigger(stack: Stack, task_id: str) -> None:
     from digest_cleanup.app import create_app
-    from digest_cleanup.config.settings import Settings
     from digest_cleanup.pipeline.messaging import SWEEP_QUEUE
+    from digest_cleanup.settings import Settings
 
     app = create_app(Settings.from_env(stack.env))
     app.send_task(
@@ -203,8 +203,8 @@ def _schedule_file_last_run(stack: Stack, path: Path, last_run_at: datetime) -> 
 
     from digest_cleanup.app import create_app
     from digest_cleanup.beat_schedule import build_schedule
-    from digest_cleanup.config.settings import Settings
-    from digest_cleanup.config.targets import load_targets
+    from digest_cleanup.settings import Settings
+    from digest_cleanup.targets import load_targets
 
     settings = Settings.from_env(stack.env)
     targets = load_targets(settings.targets_file)

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from tests.conftest import s3_targets, seed_split
 from tests.rig.stack import Process, Stack, wait_for
 

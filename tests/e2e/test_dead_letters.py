@@ -11,10 +11,10 @@ import pytest
 import redis
 
 from digest_cleanup.app import create_app
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.model.batches import BatchPayload
 from digest_cleanup.ops.redrive import redrive_entries
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from tests.conftest import list_keys, s3_targets, scope_of, seed_split
 from tests.rig.stack import Stack, wait_for
 

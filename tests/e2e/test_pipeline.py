@@ -152,7 +152,7 @@ def test_duplicate_batch_delivery_is_counted_once(make_stack, s3, bucket, redis_
 
 def _send(stack: Any, payload: BatchPayload) -> None:
     from digest_cleanup.app import create_app
-    from digest_cleanup.config.settings import Settings
+    from digest_cleanup.settings import Settings
 
     app = create_app(Settings.from_env(stack.env))
     app.send_task("digest_cleanup.delete_batch", kwargs=payload.to_message(), queue="batches")

@@ -19,8 +19,8 @@ import redis
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from tests.rig.stack import Stack, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from digest_cleanup.app import create_app
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from tests.conftest import REPO_ROOT, list_keys, s3_targets, seed_split
 from tests.rig.faults import FaultProxy
 from tests.rig.servers import (

@@ -35,7 +35,6 @@ from urllib.parse import urlsplit
 
 import redis
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import (
     PermanentError,
     SettingsError,
@@ -44,6 +43,7 @@ from digest_cleanup.errors import (
     TransientError,
 )
 from digest_cleanup.kinds import CHANGED_SINCE_LISTING, KeyResult, Outcome, Page, TargetKind
+from digest_cleanup.settings import Settings
 
 #: How many keys one SCAN call asks for.  Redis takes it as a hint.
 SCAN_COUNT = 1000

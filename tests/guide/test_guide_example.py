@@ -17,10 +17,10 @@ import pytest
 import redis
 
 from digest_cleanup.clock import utcnow
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import TargetsFileError
 from digest_cleanup.kinds import Outcome
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import parse_targets
 from digest_cleanup.testing.pipeline import PipelineResult
 from digest_cleanup.testing.redis_server import RedisServer
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from digest_cleanup.config.targets import COMMON_FIELDS, parse_targets
 from digest_cleanup.kinds import BUILTIN_KINDS, ENTRY_POINT_GROUP, TargetKind
+from digest_cleanup.targets import COMMON_FIELDS, parse_targets
 from tests.unit.test_layout import FUNCTION_LINES, LAYERS, MODULE_LINES, REASON
 
 ROOT = Path(__file__).resolve().parents[2]

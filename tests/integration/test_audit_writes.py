@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from digest_cleanup.audit import reports
-from digest_cleanup.config.settings import Settings
+from digest_cleanup.settings import Settings
 from tests.conftest import list_keys
 from tests.rig.proxy import ProxyHandler, ReverseProxy
 from tests.rig.servers import WeedServer

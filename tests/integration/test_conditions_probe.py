@@ -16,10 +16,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import Finding
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
 from digest_cleanup.kinds.s3_probe import NOT_HONOURED, PROBE_PREFIX
+from digest_cleanup.settings import Settings
 from tests.rig.faults import FaultProxy
 from tests.rig.proxy import ProxyHandler, ReverseProxy
 from tests.rig.s3_messages import (

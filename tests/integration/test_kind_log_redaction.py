@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from digest_cleanup.clock import utcnow
-from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.kinds import KeyResult, Namespace, Outcome, Page, TargetKind
 from digest_cleanup.logs import item_prefixes
+from digest_cleanup.targets import parse_targets
 from digest_cleanup.testing.pipeline import PipelineResult
 
 pytest_plugins = ["digest_cleanup.testing.plugin"]

@@ -10,10 +10,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds.base import Outcome
 from digest_cleanup.kinds.postgres import PostgresKind
 from digest_cleanup.kinds.postgres_options import PostgresOptions
+from digest_cleanup.settings import Settings
 
 pytest_plugins = ["tests.postgres_fixture"]
 

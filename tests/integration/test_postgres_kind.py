@@ -12,13 +12,13 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import PermanentError, SettingsError, TargetsFileError, TransientError
 from digest_cleanup.kinds.base import Outcome
 from digest_cleanup.kinds.postgres import PostgresKind
 from digest_cleanup.kinds.postgres_errors import classify
 from digest_cleanup.kinds.postgres_options import PostgresOptions
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import parse_targets
 
 ROWS = 5000
 #: Every fifth row is fresh, the other four fifths are a month old.

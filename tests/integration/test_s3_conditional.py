@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PermanentError
 from digest_cleanup.kinds import CHANGED_SINCE_LISTING, Outcome
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
+from digest_cleanup.settings import Settings
 from tests.conftest import list_keys, put_keys, seed_split
 
 LATER = datetime.now(UTC) + timedelta(days=1)

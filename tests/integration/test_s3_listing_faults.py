@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import StoreError
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
+from digest_cleanup.settings import Settings
 from tests.conftest import list_keys, put_keys
 from tests.rig.faults import FaultProxy
 

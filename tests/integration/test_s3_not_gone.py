@@ -11,9 +11,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import CHANGED_SINCE_LISTING, Outcome
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
+from digest_cleanup.settings import Settings
 from tests.conftest import list_keys, put_keys
 from tests.rig.faults import FaultProxy
 

@@ -13,8 +13,6 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from digest_cleanup.clock import utcnow
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.demo.seed import create_bucket, seed_keys
 from digest_cleanup.errors import TransientError
 from digest_cleanup.kinds import s3_shards
@@ -23,6 +21,8 @@ from digest_cleanup.model.batches import BatchPayload
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import sweep_slice
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import parse_targets
 from digest_cleanup.testing.dispatcher import recording
 from tests.rig.stack import wait_for
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import s3_listing
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
+from digest_cleanup.settings import Settings
 from tests.conftest import put_keys
 
 KEYS = [f"statements/2026-10-18/cust-{i:04d}.pdf" for i in range(40)]

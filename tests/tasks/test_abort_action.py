@@ -11,8 +11,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import RunStateError
 from digest_cleanup.model.batches import BatchPayload
 from digest_cleanup.ops.abort import abort_run
@@ -20,6 +18,8 @@ from digest_cleanup.pipeline.batch import process
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import sweep_slice
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import parse_targets
 from digest_cleanup.testing import memory
 from digest_cleanup.testing.dispatcher import RecordingDispatcher, recording
 

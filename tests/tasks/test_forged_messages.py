@@ -18,8 +18,6 @@ from typing import Any
 import pytest
 
 from digest_cleanup.app import create_app
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.kinds import Outcome
 from digest_cleanup.model.batches import BatchPayload, BatchRecord
 from digest_cleanup.model.dead_letters import DeadLetter
@@ -28,6 +26,8 @@ from digest_cleanup.pipeline.batch import process
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import sweep_slice
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import parse_targets
 from digest_cleanup.tasks.dispatch import CeleryDispatcher
 from digest_cleanup.testing import memory
 from digest_cleanup.testing.dispatcher import RecordingDispatcher, recording

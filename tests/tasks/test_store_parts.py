@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from digest_cleanup.app import create_app
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import KeyResult, Outcome
 from digest_cleanup.model.batches import BatchPayload, BatchRecord
 from digest_cleanup.model.dead_letters import index_headers, make_entry
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from digest_cleanup.store import scripts
 from digest_cleanup.store.keys import RUN_KEY_SUFFIXES, Keys
 from digest_cleanup.store.scripts import Script

@@ -8,14 +8,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import RunStateError
 from digest_cleanup.model.batches import BatchPayload
 from digest_cleanup.pipeline import sweep_phases
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
 from digest_cleanup.pipeline.sweep import on_slice_error, sweep_slice
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import parse_targets
 from digest_cleanup.testing import memory
 from digest_cleanup.testing.dispatcher import recording
 

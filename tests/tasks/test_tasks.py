@@ -15,11 +15,11 @@ import pytest
 import redis
 
 from digest_cleanup.app import create_app
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.kinds import Outcome
 from digest_cleanup.pipeline.lifecycle import start
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import parse_targets
 from digest_cleanup.tasks.dispatch import CeleryDispatcher
 from digest_cleanup.testing import memory
 from digest_cleanup.testing.dispatcher import RecordingDispatcher

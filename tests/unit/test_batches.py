@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PoisonMessage
 from digest_cleanup.kinds import KeyResult, Outcome
 from digest_cleanup.model.batches import BatchPayload, backoff, decide
+from digest_cleanup.settings import Settings
 
 KEYS = [f"statements/2026-11-22/cust-{i:07d}.pdf" for i in range(500)]
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import (
+from digest_cleanup.errors import SettingsError, TargetsFileError
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_DELETE,
     load_targets,
     parse_targets,
 )
-from digest_cleanup.errors import SettingsError, TargetsFileError
 
 GOOD = """
 [targets.statements]

@@ -6,11 +6,11 @@ import base64
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.console.auth import NOT_SET, Users, parse_basic
 from digest_cleanup.console.views import accounting, chart, page_of
 from digest_cleanup.errors import ConfigError, SettingsError
 from digest_cleanup.model.run_view import RunView
+from digest_cleanup.settings import Settings
 
 
 def _basic(user: str, password: str) -> str:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import digest_cleanup
-from digest_cleanup.config.targets import COMMON_FIELDS, parse_targets
 from digest_cleanup.kinds import load_kind
+from digest_cleanup.targets import COMMON_FIELDS, parse_targets
 from tests.unit.test_layout import LAYERS
 
 ROOT = Path(__file__).resolve().parents[2]

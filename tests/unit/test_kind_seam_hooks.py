@@ -8,11 +8,11 @@ from datetime import datetime
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import COMMON_FIELDS, parse_targets
 from digest_cleanup.errors import TargetsFileError
 from digest_cleanup.kinds import KeyResult, Namespace, Page, TargetKind
 from digest_cleanup.logs import Scrubber, item_prefixes, redact
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import COMMON_FIELDS, parse_targets
 
 SETTINGS = Settings(log_hash_key="k" * 32)
 

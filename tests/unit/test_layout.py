@@ -23,10 +23,10 @@ PACKAGE = Path(digest_cleanup.__file__).parent
 LAYERS = {
     "errors": 0,
     "clock": 0,
-    "config.settings": 1,
+    "settings": 1,
     "logs": 2,
     "kinds": 3,
-    "config.targets": 4,
+    "targets": 4,
     "model": 5,  # what messages and records hold: batches, dead letters, a run's view
     "store": 6,  # everything that talks to Redis, with its scripts
     "audit": 6,  # the durable record in S3: reports
@@ -136,7 +136,7 @@ def test_the_checks_see_a_reach_up_and_a_cycle():
     # The graph is read from the source: a pipeline module importing the app would show
     assert "app" in GRAPH["tasks.base"]
     assert _layer("pipeline.sweep") < _layer("app")
-    assert _layer("kinds.s3") < _layer("config.targets") < _layer("store.runs")
+    assert _layer("kinds.s3") < _layer("targets") < _layer("store.runs")
 
 
 @pytest.mark.parametrize("module", sorted(GRAPH))

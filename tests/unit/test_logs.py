@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import SettingsError
 from digest_cleanup.logs import Scrubber, install, item_prefixes, log_event, redact
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import parse_targets
 
 KEY = "statements/2026-11-22/cust-004217.pdf"
 HASH_KEY = "k" * 32

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from digest_cleanup.config.targets import DEFAULT_MAX_SKIPPED_SHARE, parse_target
 from digest_cleanup.errors import TargetsFileError
+from digest_cleanup.targets import DEFAULT_MAX_SKIPPED_SHARE, parse_target
 
 BASE = {"bucket": "b", "prefix": "p/", "retention_days": 7, "schedule": "0 3 * * 0"}
 

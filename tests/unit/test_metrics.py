@@ -13,13 +13,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from digest_cleanup.app import create_app
 from digest_cleanup.clock import now_iso
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import KeyResult, Outcome
 from digest_cleanup.model.batches import BatchPayload, BatchRecord
 from digest_cleanup.model.dead_letters import make_entry
 from digest_cleanup.model.run_view import RunView
 from digest_cleanup.ops.metrics import RunStateCollector, oldest_pending_age, progress_ratio
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from tests.rig.servers import free_port
 
 TARGETS = """

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.model.batches import BatchRecord
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
 from tests.unit.test_metrics import scrape, value
 
 TARGETS = """

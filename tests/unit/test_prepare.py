@@ -10,10 +10,10 @@ import pytest
 from celery.concurrency import prefork, thread
 
 from digest_cleanup.app import _prepare_in_main_process
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import load_targets
 from digest_cleanup.kinds import s3
 from digest_cleanup.pipeline.runtime import Runtime
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import load_targets
 
 TARGETS = """
 [targets.statements]

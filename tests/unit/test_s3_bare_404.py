@@ -7,9 +7,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import Outcome
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
+from digest_cleanup.settings import Settings
 
 LATER = datetime(2026, 12, 1, tzinfo=UTC)
 

@@ -10,11 +10,11 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import PermanentError
 from digest_cleanup.kinds import s3_listing, s3_shards
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
 from digest_cleanup.kinds.s3_client import fast_timestamp, make_client
+from digest_cleanup.settings import Settings
 
 ENDPOINT = "http://127.0.0.1:9"  # never reached: every response is served by a hook
 

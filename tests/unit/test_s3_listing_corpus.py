@@ -23,9 +23,9 @@ from botocore.awsrequest import AWSResponse
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import s3_listing
 from digest_cleanup.kinds.s3_client import fast_timestamp, make_client
+from digest_cleanup.settings import Settings
 
 ENDPOINT = "http://127.0.0.1:9"  # never reached: every response is served by a hook
 NS = ' xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'

@@ -14,9 +14,9 @@ import botocore.handlers
 import botocore.session
 from botocore.awsrequest import AWSResponse
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import s3_listing
 from digest_cleanup.kinds.s3_client import fast_timestamp, make_client
+from digest_cleanup.settings import Settings
 
 #: Keys per page: what S3 returns at most, and what the sweep asks for.
 PAGE_KEYS = 1000

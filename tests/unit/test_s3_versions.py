@@ -7,10 +7,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.kinds import Outcome
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
 from digest_cleanup.kinds.s3_versions import MARKER_KEPT
+from digest_cleanup.settings import Settings
 
 OLD = datetime(2026, 10, 18, tzinfo=UTC)
 CUTOFF = OLD + timedelta(days=30)

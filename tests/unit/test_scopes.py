@@ -6,12 +6,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from digest_cleanup.config.settings import Settings
-from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import CutoffError, PoisonMessage, TargetsFileError
 from digest_cleanup.kinds.s3 import S3Kind, S3Options
 from digest_cleanup.model.batches import BatchPayload
 from digest_cleanup.model.dead_letters import make_poison_entry
+from digest_cleanup.settings import Settings
+from digest_cleanup.targets import parse_targets
 
 
 def _target(name: str, bucket: str, prefix: str, *extra: str) -> str:

@@ -12,10 +12,10 @@ import re
 import pytest
 import redis
 
-from digest_cleanup.config.targets import DEFAULT_MAX_SKIPPED_SHARE
 from digest_cleanup.model.run_view import SKIPPED_SHARE_EXCEEDED
 from digest_cleanup.store import scripts
 from digest_cleanup.store.scripts import Script, ScriptError, build
+from digest_cleanup.targets import DEFAULT_MAX_SKIPPED_SHARE
 
 SCRIPTS = [n for n in scripts.names() if not scripts.is_fragment(n)]
 FRAGMENTS = [n for n in scripts.names() if scripts.is_fragment(n)]

@@ -136,7 +136,7 @@ def test_pipeline_imports_and_registers_its_tasks_without_any_store_library() ->
             f"for name in {blocked!r}: sys.modules[name] = None",
             f"for name in {modules!r}: importlib.import_module(name)",
             "from digest_cleanup.app import create_app",
-            "from digest_cleanup.config.settings import Settings",
+            "from digest_cleanup.settings import Settings",
             "app = create_app(Settings())",
             "app.loader.import_default_modules()",
             "print(sorted(t for t in app.tasks if t.startswith('digest_cleanup.')))",

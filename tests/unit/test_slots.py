@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from celery.schedules import crontab
 
-from digest_cleanup.config.targets import SLOT_SEARCH, Target, parse_targets
 from digest_cleanup.errors import TargetsFileError
+from digest_cleanup.targets import SLOT_SEARCH, Target, parse_targets
 
 #: The schedules the project's examples and deployments use, and some that test the
 #: corners: ranges, steps, names, a range across the week's end, and both day fields.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.errors import TargetsFileError
+from digest_cleanup.targets import parse_targets
 
 
 def _s3(name: str, prefix: str, *extra: str) -> str:

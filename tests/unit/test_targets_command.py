@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from digest_cleanup.cli import main
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.logs import install
+from digest_cleanup.settings import Settings
 
 TARGETS = """
 [targets.statements]

@@ -6,7 +6,7 @@
 -- either can be the step that ends a run.
 --
 -- A run opened before max_skipped_share existed is held to the default, 0.1, which is
--- DEFAULT_MAX_SKIPPED_SHARE (config/targets.py); the reason is SKIPPED_SHARE_EXCEEDED
+-- DEFAULT_MAX_SKIPPED_SHARE (targets.py); the reason is SKIPPED_SHARE_EXCEEDED
 -- (model/run_view.py).  tests/unit/test_scripts.py holds both equal to this file.
 local function finish(run, now)
   local h = redis.call('HMGET', run, 'status', 'sweep_done', 'inflight', 'expired',

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from digest_cleanup.clock import utcnow
-from digest_cleanup.config.targets import parse_targets
 from digest_cleanup.kinds import Outcome
+from digest_cleanup.targets import parse_targets
 
 pytest_plugins = ["digest_cleanup.testing.plugin"]
 
@@ -95,6 +95,6 @@ def test_a_file_moved_aside_by_another_attempt_is_retried_not_counted(tmp_path):
 
 
 def _settings() -> Any:
-    from digest_cleanup.config.settings import Settings
+    from digest_cleanup.settings import Settings
 
     return Settings()

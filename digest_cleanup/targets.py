@@ -24,9 +24,9 @@ from celery.schedules import crontab
 from croniter import CroniterBadDateError, croniter
 
 from digest_cleanup.clock import utcnow
-from digest_cleanup.config.settings import Settings
 from digest_cleanup.errors import CutoffError, TargetsFileError
 from digest_cleanup.kinds import Namespace, TargetKind, load_kind
+from digest_cleanup.settings import Settings
 
 #: Keys in one DeleteObjects-sized batch unless the target says otherwise.
 DEFAULT_BATCH_SIZE = 500
