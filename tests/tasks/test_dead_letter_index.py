@@ -112,3 +112,19 @@ def test_redrive_and_purge_take_one_entry_out_of_every_index(setup):
     moved = json.loads(runtime.redis.lindex("batches", 0))
     assert moved["headers"]["id"] == "dl-0"
     assert not dlq.redrive_one(dlq.get("dl-2")) or dlq.entries() == []
+
+
+def test_an_entry_holding_no_keys_can_be_purged(setup):
+    runtime, dlq, _ = setup
+    # Given an undecodable message in the queue: an entry that holds no keys
+    runtime.redis.lpush("dead_letter", "not json at all")
+    (junk,) = dlq.entries()
+    assert junk.id.startswith("undecodable-")
+
+    # When an operator purges it, as its refusal to redrive tells them to
+    purged = dlq.purge([junk], "test")
+
+    # Then it is gone from every index, and the queue's key count has not moved
+    assert [p["entry"]["id"] for p in purged] == [junk.id]
+    assert dlq.entries() == []
+    assert dlq.stats()[:2] == (0, 0)

@@ -10,6 +10,7 @@ local function take(entries, order, copies, stats, digests, by_run, by_target, i
   redis.call('ZREM', order, id)
   redis.call('SREM', by_run, id)
   redis.call('SREM', by_target, id)
-  redis.call('HINCRBY', stats, 'keys', -keys)
+  -- Lua 5.1 writes -0 as '-0', which HINCRBY refuses: an entry of no keys moves nothing.
+  if keys ~= 0 then redis.call('HINCRBY', stats, 'keys', 0 - keys) end
   return raw
 end
