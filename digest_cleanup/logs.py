@@ -186,8 +186,7 @@ def item_prefixes(targets: Iterable[Any]) -> list[str]:
             logging.getLogger("digest_cleanup.logs").warning(
                 "target %s: its kind (%s) declares no key prefix that logs may show, so "
                 "its keys cannot be told apart in a log line and are not redacted; give "
-                "the kind a namespace() or log_prefixes() (docs/adding-a-cleanup-task.md), "
-                "or give the target a non-empty prefix",
+                "the kind a log_prefixes() or namespace() (docs/adding-a-cleanup-task.md)",
                 target.name,
                 target.kind_class.__name__,
             )

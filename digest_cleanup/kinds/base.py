@@ -232,17 +232,18 @@ class TargetKind(ABC):
 
         Keys carry customer ids, so before any line is written the log scrubber
         (:mod:`digest_cleanup.logs`) takes every word of it that starts with one of
-        these as a key of the target and hashes its customer part.  A key of a kind
-        that declares none, and has no namespace, is found by nothing and logged as
-        it is.  The default is the namespace's prefix (an S3 prefix, a directory):
-        a kind whose keys look otherwise in its messages (``session:`` before a
-        Redis key, say) returns its own.
+        these as a key of the target and hashes its customer part.  The default is
+        the namespace's prefix (an S3 prefix, a directory), else an option named
+        ``prefix``; a kind whose keys look otherwise in its messages (``session:``
+        before a Redis key, say) returns its own.  A target whose kind declares none
+        is named in a warning when a worker starts, since its keys cannot be found.
         """
         where = cls.namespace(options)
-        if where is None:
-            return ()
-        prefix = Namespace.of(where).prefix
-        return (prefix,) if prefix else ()
+        if where is not None:
+            prefix = Namespace.of(where).prefix
+        else:
+            prefix = getattr(options, "prefix", "")
+        return (prefix,) if isinstance(prefix, str) and prefix else ()
 
     def scope(self) -> dict[str, Any]:
         """Everything that decides which keys are this target's, for the scope digest.

@@ -110,6 +110,18 @@ def test_log_prefixes_default_to_the_namespace_s_prefix() -> None:
     assert TargetKind.log_prefixes(FolderOptions("/x")) == ()  # the base kind: no namespace
 
 
+@dataclasses.dataclass(frozen=True)
+class PrefixOptions:
+    prefix: str
+
+
+def test_without_a_namespace_an_option_named_prefix_is_what_logs_may_show() -> None:
+    # A kind written before log_prefixes() existed, whose keys start with its prefix
+    # option, keeps its keys redacted
+    assert TargetKind.log_prefixes(PrefixOptions("sessions/")) == ("sessions/",)
+    assert TargetKind.log_prefixes(PrefixOptions("")) == ()
+
+
 def test_the_scrubber_keeps_the_declared_part_and_hashes_the_rest() -> None:
     # Given keys with no '/' after their fixed part, and keys under a directory
     scrub = Scrubber(SETTINGS, ["session:", "/data/a"])
