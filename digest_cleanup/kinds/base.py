@@ -239,10 +239,7 @@ class TargetKind(ABC):
         is named in a warning when a worker starts, since its keys cannot be found.
         """
         where = cls.namespace(options)
-        if where is not None:
-            prefix = Namespace.of(where).prefix
-        else:
-            prefix = getattr(options, "prefix", "")
+        prefix = Namespace.of(where).prefix if where else getattr(options, "prefix", "")
         return (prefix,) if isinstance(prefix, str) and prefix else ()
 
     def scope(self) -> dict[str, Any]:
