@@ -90,8 +90,8 @@ def _measure(runtime: Runtime, s3: Any, keys: list[str]) -> dict[str, float]:
         time.sleep(0.05)  # waiting for the wall clock itself: a cutoff must lie in the past
     store, kind = runtime.store, runtime.kind("statements")
     fields = {"target": "statements", "cutoff": cutoff.isoformat(), "scope": kind.scope_digest}
-    store.open(RUN, fields)
-    token = store.get(RUN).fields["token"]
+    store.runs.open(RUN, fields)
+    token = store.runs.get(RUN).fields["token"]
     payload = BatchPayload(
         run_id=RUN,
         run_token=token,
@@ -103,20 +103,20 @@ def _measure(runtime: Runtime, s3: Any, keys: list[str]) -> dict[str, float]:
         conditions=[etags[k] for k in keys],
         scope=kind.scope_digest,
     )
-    lease = store.take_lease(RUN, 600)
+    lease = store.sweeps.take_lease(RUN, 600)
     assert lease is not None
     digest = entry_digests(token, keys, payload.conditions)
     checkpoint = {"listed": KEYS, "expired": KEYS, "seq": 1, "done": False}
-    store.save_checkpoint(RUN, checkpoint, {payload.batch_id: digest}, lease=lease,
+    store.sweeps.save_checkpoint(RUN, checkpoint, {payload.batch_id: digest}, lease=lease,
                           lease_seconds=600)  # fmt: skip
 
     def new_checks(_: object) -> None:
-        published = store.published_digest(RUN, payload.batch_id)
+        published = store.sweeps.published_digest(RUN, payload.batch_id)
         assert published is not None
         assert not unpublished_keys(published, payload)
         assert all(kind.condition_problem(c) is None for c in payload.conditions)
         trusted_clock.trusted_now(store, kind, target="statements")
-        store.run_status(RUN)
+        store.runs.run_status(RUN)
 
     def delete(_: object) -> None:
         results = kind.delete(keys, cutoff, payload.conditions)

@@ -314,7 +314,7 @@ class Runner:
             cpu = {k: v - cpu_before.get(k, 0.0) for k, v in _cpu(pids, workers).items()}
             memory = [_tree_memory(w.pid) for w in workers]
             peak = memory_kib(sweep_child)[1] if sweep_child else None
-            timings = runtime.store.timings(TARGET)
+            timings = runtime.store.runs.timings(TARGET)
             runtime.close()
         client.close()
         if complete and fields.get("status") != "complete":
@@ -413,7 +413,7 @@ def _wait(store: RunStore, run_id: str) -> dict[str, str]:
     deadline = time.monotonic() + RUN_TIMEOUT
     while time.monotonic() < deadline:
         if store.redis.hget(key, "status") in final:
-            return dict(store.get(run_id).fields)
+            return dict(store.runs.get(run_id).fields)
         time.sleep(WAIT_POLL_SECONDS)
     raise TimeoutError(f"run {run_id} did not finish within {RUN_TIMEOUT:.0f} s")
 

@@ -126,6 +126,6 @@ def dlq_purge_command(args: argparse.Namespace, ctx: Context) -> int:
         print_json(result.as_dict())
     else:
         kept = result.audit_url
-        where = f"{ctx.runtime.dead_letters.key_prefix}:audit" + (f" and {kept}" if kept else "")
+        where = ctx.runtime.dead_letters.audit_key + (f" and {kept}" if kept else "")
         print(f"purged {len(result.records)} entries; audit records written to {where}")
     return 0

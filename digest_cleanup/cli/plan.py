@@ -61,7 +61,7 @@ def plan_command(args: argparse.Namespace, ctx: Context) -> int:
     if not targets:
         raise UsageError("no targets configured; add one to the targets file")
     ctx.ping()
-    rows = [row for t in targets for row in ctx.runtime.store.timings(t.name)]
+    rows = [row for t in targets for row in ctx.runtime.store.runs.timings(t.name)]
     service = ServiceTimes.from_timings(rows)
     sizes = {t.batch_size for t in targets}
     batch_size = sizes.pop() if len(sizes) == 1 else DEFAULT_BATCH_SIZE

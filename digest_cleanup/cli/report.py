@@ -29,11 +29,11 @@ def report_command(args: argparse.Namespace, ctx: Context) -> int:
     from digest_cleanup.pipeline.lifecycle import finish_run
 
     ctx.ping()
-    run = ctx.runtime.store.get(args.run_id)
+    run = ctx.runtime.store.runs.get(args.run_id)
     if not run.finished:
         raise UsageError(f"run {args.run_id} is {run.status}: its report is written when it ends")
     finish_run(ctx.runtime, args.run_id)
-    data = ctx.runtime.store.get(args.run_id).as_dict()
+    data = ctx.runtime.store.runs.get(args.run_id).as_dict()
     if args.json:
         print_json(data)
     elif data.get("report_pending"):

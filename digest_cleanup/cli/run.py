@@ -57,7 +57,7 @@ def run_command(args: argparse.Namespace, ctx: Context) -> int:
             "refused": "refused",
         }.get(started.action, "attached to")
         print(f"{verb} run {started.run_id}", file=sys.stderr)
-    run = ctx.runtime.store.get(started.run_id)
+    run = ctx.runtime.store.runs.get(started.run_id)
     if args.wait:
         run = progress.wait(
             ctx.runtime.store, started.run_id, show=not args.json, timeout=args.timeout

@@ -26,11 +26,11 @@ def status_command(args: argparse.Namespace, ctx: Context) -> int:
     from digest_cleanup.ops import progress
 
     ctx.ping()
-    run = ctx.runtime.store.get(args.run_id)
+    run = ctx.runtime.store.runs.get(args.run_id)
     if args.watch:
         run = progress.wait(ctx.runtime.store, args.run_id, show=not args.json)
     data = run.as_dict()
-    data["failures_by_code"] = ctx.runtime.store.retry_codes(args.run_id)
+    data["failures_by_code"] = ctx.runtime.store.runs.retry_codes(args.run_id)
     budget = ctx.runtime.budget_state(run.fields.get("target", ""))
     if budget is not None:
         data["delete_budget"] = budget.as_dict()
@@ -41,8 +41,8 @@ def runs_command(args: argparse.Namespace, ctx: Context) -> int:
     ctx.ping()
     store = ctx.runtime.store
     rows = []
-    for run_id in store.run_ids(limit=max(args.limit * 5, 50)):
-        run = store.find(run_id)
+    for run_id in store.runs.run_ids(limit=max(args.limit * 5, 50)):
+        run = store.runs.find(run_id)
         if run is None or (args.target and run.fields.get("target") != args.target):
             continue
         rows.append(run.as_dict())

@@ -45,7 +45,7 @@ def verify_command(args: argparse.Namespace, ctx: Context) -> int:
     }
     # Metrics read the last verify; a verify without Redis still answers.
     with contextlib.suppress(redis.RedisError):
-        ctx.runtime.store.save_verify(target.name, data)
+        ctx.runtime.store.targets.save_verify(target.name, data)
     if args.json:
         print_json(data)
     else:

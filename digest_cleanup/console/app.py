@@ -132,11 +132,11 @@ class RunsPage(Base):
         store = self.console.runtime.store
         target = self.get_argument("target", "") or None
         rows = []
-        for run_id in store.run_ids(limit=RUNS_SHOWN * 5):
-            run = store.find(run_id)
+        for run_id in store.runs.run_ids(limit=RUNS_SHOWN * 5):
+            run = store.runs.find(run_id)
             if run is None or (target and run.fields.get("target") != target):
                 continue
-            rows.append(views.run_row(run, store.progress(run_id), self._budget(run.fields)))
+            rows.append(views.run_row(run, store.runs.progress(run_id), self._budget(run.fields)))
             if len(rows) >= RUNS_SHOWN:
                 break
         self.render("runs.html", rows=rows, refresh=any(r["running"] for r in rows))
@@ -149,16 +149,16 @@ class RunPage(Base):
     def get(self, run_id: str) -> None:
         runtime = self.console.runtime
         try:
-            run = runtime.store.get(run_id)
+            run = runtime.store.runs.get(run_id)
         except RunStateError as exc:
             raise self.not_found(exc) from None
-        samples = runtime.store.progress(run_id)
+        samples = runtime.store.runs.progress(run_id)
         row = views.run_row(run, samples, runtime.budget_state(run.fields.get("target", "")))
         entries = [self.console.entry_view(e) for e in runtime.dead_letters.entries(run=run_id)]
         keys = [
             {"key": k["key"], "code": k.get("code", ""), "message": self.console.mask(
                 k.get("message", "")), "where": "skipped"}
-            for k in runtime.store.skipped_keys(run_id)
+            for k in runtime.store.runs.skipped_keys(run_id)
         ]  # fmt: skip
         keys += [k | {"where": e["id"]} for e in entries for k in e["keys"]]
         shown, page, pages = views.page_of(keys, self._page())
@@ -249,8 +249,8 @@ class PurgePage(Base):
         user = self.current_user.name if self.current_user else "?"
         ids = ", ".join(e.id for e in entries)
         result = purge_entries(self.console.runtime, entries, f"console: {user} purged {ids}")
-        prefix = self.console.runtime.dead_letters.key_prefix
-        where = f"{prefix}:audit" + (f" and {result.audit_url}" if result.audit_url else "")
+        where = self.console.runtime.dead_letters.audit_key
+        where += f" and {result.audit_url}" if result.audit_url else ""
         self.render("purge_result.html", result=result, where=where)
 
 

@@ -65,7 +65,7 @@ class Checkpoint:
     """A sweep's whole state between slices."""
 
     phase: Literal["guard", "publish"] = "guard"
-    #: The run incarnation's token, stamped on every batch (see ``RunStore.open``).
+    #: The run incarnation's token, stamped on every batch (see ``RunRecords.open``).
     run_token: str = ""
     guard: GuardPass = dataclasses.field(default_factory=GuardPass)
     stage: Stage = dataclasses.field(default_factory=Stage)
@@ -73,7 +73,7 @@ class Checkpoint:
 
     def to_stored(self) -> dict[str, Any]:
         """As stored; the run store copies ``listed``, ``expired``, ``seq`` and ``done``
-        into the run's counters in the same step (see ``RunStore.save_checkpoint``)."""
+        into the run's counters in the same step (see ``Sweeps.save_checkpoint``)."""
         pub = self.publishing
         return dataclasses.asdict(self) | {
             "listed": pub.listed,

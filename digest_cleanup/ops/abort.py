@@ -39,8 +39,8 @@ def abort_run(runtime: Runtime, run_id: str, reason: str, command: str) -> Abort
     nothing is then changed or recorded.
     """
     store = runtime.store
-    before = store.get(run_id).as_dict()
-    result = store.abort(run_id, f"aborted by {who()}: {reason}")
+    before = store.runs.get(run_id).as_dict()
+    result = store.runs.abort(run_id, f"aborted by {who()}: {reason}")
     if result != "aborted":
         raise RunStateError(f"run {run_id} is {result}, not running: nothing to abort")
     at = now_iso()
@@ -56,4 +56,4 @@ def abort_run(runtime: Runtime, run_id: str, reason: str, command: str) -> Abort
     runtime.dead_letters.log_action(record)
     kept = reports.write_abort(runtime.settings, at, record)
     finish_run(runtime, run_id)
-    return AbortResult(record, kept, store.get(run_id).as_dict())
+    return AbortResult(record, kept, store.runs.get(run_id).as_dict())

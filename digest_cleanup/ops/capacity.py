@@ -1,7 +1,7 @@
 """Capacity planning from measured service times: how many delete slots a window needs.
 
 Every batch attempt records its wall time, the time of its delete call and its
-key count in the run store (:meth:`~digest_cleanup.store.runs.RunStore.timings`).
+key count in the run store (:meth:`~digest_cleanup.store.run_records.RunRecords.timings`).
 From those, for ``artifacts`` keys to be deleted within ``window`` seconds:
 
 * per-key service time ``t`` = total attempt seconds / total keys attempted

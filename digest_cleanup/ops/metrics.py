@@ -173,27 +173,27 @@ class RunStateCollector:
 
     def _read(self, target: str) -> TargetScrape:
         store = self.runtime.store
-        run_id = store.latest(target)
-        run = store.find(run_id) if run_id else None
+        run_id = store.runs.latest(target)
+        run = store.runs.find(run_id) if run_id else None
         pending: list[tuple[str, float]] = []
         retried: dict[str, int] = {}
         failures: dict[str, int] = {}
         share = self.runtime.targets.get(target).max_skipped_share
         if run is not None:
-            retried = store.retried_codes(run.run_id)
-            failures = store.retry_codes(run.run_id)
+            retried = store.runs.retried_codes(run.run_id)
+            failures = store.runs.retry_codes(run.run_id)
             # A run opened before the field existed is held to the default (see finish.lua).
             share = float(run.fields.get("max_skipped_share") or DEFAULT_MAX_SKIPPED_SHARE)
             if run.status == "running":
-                pending = store.in_flight(run.run_id)
+                pending = store.runs.in_flight(run.run_id)
         return TargetScrape(
             target=target,
             run=run,
             pending=pending,
             retried_codes=retried,
-            latency=store.latency(target),
-            last_success=store.last_success(target),
-            verify=store.last_verify(target),
+            latency=store.runs.latency(target),
+            last_success=store.targets.last_success(target),
+            verify=store.targets.last_verify(target),
             budget=self.runtime.budget_state(target),
             failure_codes=failures,
             max_skipped_share=share,

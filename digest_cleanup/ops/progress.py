@@ -48,7 +48,7 @@ def wait(
         draw, close = rich_view(stream) or plain_view(stream)
     try:
         while True:
-            run = store.get(run_id)
+            run = store.runs.get(run_id)
             if draw:
                 draw(run)
             if deadline is not None and time.monotonic() > deadline:

@@ -70,7 +70,7 @@ def process(runtime: Runtime, raw: Any, task_id: str) -> BatchReport:
     try:
         kind = check_delivery(runtime, payload)
     except AlreadyRecorded:
-        runtime.store.count_delivery(payload.run_id, payload.claim)  # counts the duplicate
+        runtime.store.runs.count_delivery(payload.run_id, payload.claim)  # counts the duplicate
         return _duplicate(runtime, payload)
     except RefusedBatch as refused:
         return _refuse(runtime, payload, refused, task_id, started)
@@ -84,11 +84,11 @@ def process(runtime: Runtime, raw: Any, task_id: str) -> BatchReport:
         return _defer(runtime, payload, task_id, drawn.waited)
     try:
         # Read again after the wait: an abort stops every batch that has not yet sent.
-        ensure_running(runtime, store.run_status(payload.run_id), payload)
+        ensure_running(runtime, store.runs.run_status(payload.run_id), payload)
     except RefusedBatch as refused:
         return _refuse(runtime, payload, refused, task_id, started)
-    deliveries = store.count_delivery(payload.run_id, payload.claim)
-    if deliveries > 1 and store.is_recorded(payload.run_id, payload.claim):
+    deliveries = store.runs.count_delivery(payload.run_id, payload.claim)
+    if deliveries > 1 and store.runs.is_recorded(payload.run_id, payload.claim):
         # The recorded attempt already deleted and sent its follow-ups; sending them
         # again would start a second retry chain, or dead-letter keys that are gone.
         return _duplicate(runtime, payload)
@@ -183,7 +183,7 @@ def _refuse(
     the current run's counters are its own, and a forged message cannot end a
     real batch.
     """
-    run = runtime.store.find(payload.run_id)
+    run = runtime.store.runs.find(payload.run_id)
     current = (
         refused.code not in UNACCOUNTED
         and run is not None
@@ -192,8 +192,8 @@ def _refuse(
         # What the run listed under: a copy with another scope or cutoff is not its batch.
         and run.fields.get("scope", payload.scope) == payload.scope
         and run.fields.get("cutoff") == payload.cutoff
-        and runtime.store.is_in_flight(payload.run_id, payload.batch_id)
-        and runtime.store.is_published(payload)
+        and runtime.store.runs.is_in_flight(payload.run_id, payload.batch_id)
+        and runtime.store.sweeps.is_published(payload)
     )
     code, message = refused.code, refused.message
     if current:
@@ -265,7 +265,7 @@ def _follow_up_and_record(
     )
     _send_follow_ups(runtime, payload, task_id, decided, report, reason, message)
     record = _batch_record(payload, decided, started + budget_wait, delete_seconds)
-    report.recorded = runtime.store.record(payload.run_id, payload.target, record)
+    report.recorded = runtime.store.runs.record(payload.run_id, payload.target, record)
     if report.recorded == "duplicate":
         report.status = "duplicate"
     log_event(logger, "batch", runtime.settings, **report.as_dict(), seq=payload.seq,

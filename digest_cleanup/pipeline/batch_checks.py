@@ -41,7 +41,7 @@ def check_delivery(runtime: Runtime, payload: BatchPayload) -> TargetKind:
     """
     kind = check_batch(runtime, payload, delivery=True)
     store = runtime.store
-    if not store.is_in_flight(payload.run_id, payload.batch_id):
+    if not store.runs.is_in_flight(payload.run_id, payload.batch_id):
         raise RefusedBatch(
             "batch_not_in_flight",
             f"batch {payload.batch_id} of run {payload.run_id} is not in flight (it ended, "
@@ -66,7 +66,7 @@ def ensure_running(
     if (
         reason != "aborted"
         and payload.generation > 0
-        and (redriving or runtime.store.is_redriven(payload.run_id, payload.batch_id))
+        and (redriving or runtime.store.runs.is_redriven(payload.run_id, payload.batch_id))
     ):
         return
     why = "was aborted" if reason == "aborted" else f"ended {status or 'unknown'}"
@@ -124,7 +124,7 @@ def check_batch(
         raise RefusedBatch("inside_retention", f"{exc}; nothing in the batch was deleted") from None
     run = _check_run(runtime, payload)
     _check_published(runtime, payload)
-    if delivery and runtime.store.is_recorded(payload.run_id, payload.claim):
+    if delivery and runtime.store.runs.is_recorded(payload.run_id, payload.claim):
         raise AlreadyRecorded(payload.claim)
     ensure_running(runtime, run, payload, redriving=redriving)
     for condition in payload.conditions or [""] * len(payload.keys):
@@ -136,7 +136,7 @@ def check_batch(
 
 def _check_run(runtime: Runtime, payload: BatchPayload) -> Mapping[str, str]:
     """Refuse a batch of an unknown run, another incarnation or another cutoff; the run."""
-    run = runtime.store.find(payload.run_id)
+    run = runtime.store.runs.find(payload.run_id)
     if run is None or run.fields.get("target") != payload.target:
         raise RefusedBatch(
             "unknown_run",
@@ -160,7 +160,7 @@ def _check_run(runtime: Runtime, payload: BatchPayload) -> Mapping[str, str]:
 
 def _check_published(runtime: Runtime, payload: BatchPayload) -> None:
     """Refuse a batch id its run never published, or keys and conditions it did not hold."""
-    published = runtime.store.published_digest(payload.run_id, payload.batch_id)
+    published = runtime.store.sweeps.published_digest(payload.run_id, payload.batch_id)
     if published is None:
         raise RefusedBatch(
             "unknown_batch",

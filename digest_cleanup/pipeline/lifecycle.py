@@ -85,14 +85,14 @@ def start(
     _check_cutoff(runtime, target, kind, cutoff)
     run_id = run_id_for(target.name, cutoff, dry_run=dry_run)
     fields = _run_fields(target, kind, cutoff, dry_run=dry_run, force=force, trigger=trigger)
-    status = store.open(run_id, fields)
+    status = store.runs.open(run_id, fields)
     if status in FINAL_STATUSES and status != "failed":
-        previous = store.get(run_id).fields.get("scope", "")
+        previous = store.runs.get(run_id).fields.get("scope", "")
         if previous and previous != kind.scope_digest:
             status = "failed"  # listed under another scope: list again under this one
     if status == "failed":
         store.reset(run_id)
-        status = store.open(run_id, fields)
+        status = store.runs.open(run_id, fields)
         action: Literal["created", "attached", "resumed", "restarted"] = "restarted"
     else:
         action = "created" if status == "created" else "attached"
@@ -102,7 +102,7 @@ def start(
                   dry_run=dry_run)  # fmt: skip
         refused = _sweep_if_proven(runtime, target, kind, run_id, dry_run=dry_run)
         return refused or Started(run_id, action, "running")
-    run = store.get(run_id)
+    run = store.runs.get(run_id)
     if run.finished and run.fields.get("report_pending") == "1":
         finish_run(runtime, run_id)  # its report could not be written before; try again
     if (
@@ -139,7 +139,7 @@ def _unproven(runtime: Runtime, target: Target, kind: TargetKind) -> tuple[str, 
     Nothing of the target is deleted before this returns ``None``.
     """
     store = runtime.store
-    if store.probed_scope(target.name) == kind.scope_digest:
+    if store.targets.probed_scope(target.name) == kind.scope_digest:
         return None
     try:
         findings = kind.probe_conditions()
@@ -150,7 +150,7 @@ def _unproven(runtime: Runtime, target: Target, kind: TargetKind) -> tuple[str, 
         kind.close()
     problems = [f for f in findings if f.status == "problem"]
     if not problems:
-        store.mark_probed(target.name, kind.scope_digest)
+        store.targets.mark_probed(target.name, kind.scope_digest)
         return None
     details = "; ".join(f"{f.check}: {f.detail}" for f in problems)
     return (
@@ -165,7 +165,7 @@ def _unproven(runtime: Runtime, target: Target, kind: TargetKind) -> tuple[str, 
 def _refuse(runtime: Runtime, run_id: str, refusal: tuple[str, str]) -> Started:
     """End a run that was opened but never swept as ``failed``, with its report."""
     reason, message = refusal
-    runtime.store.fail(run_id, reason, message)
+    runtime.store.runs.fail(run_id, reason, message)
     log_event(logger, "run", runtime.settings, level=logging.WARNING, run_id=run_id,
               status="failed", action="refused", reason=reason)  # fmt: skip
     finish_run(runtime, run_id)
@@ -219,12 +219,12 @@ def _stalled(runtime: Runtime, fields: Any) -> bool:
 def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:
     """Write the report and mark the target's last success; safe to call more than once."""
     store = runtime.store
-    run = store.get(run_id)
+    run = store.runs.get(run_id)
     summary = run.as_dict()
     target = summary["target"]
     if run.status == "complete" and not summary.get("dry_run"):
-        store.mark_success(target)
-    summary["failures_by_code"] = store.retry_codes(run_id)
+        store.targets.mark_success(target)
+    summary["failures_by_code"] = store.runs.retry_codes(run_id)
     summary["accounting"] = {
         "expired": summary["expired"],
         "deleted_plus_dead_lettered_plus_skipped": summary["deleted"]
@@ -249,8 +249,8 @@ def finish_run(runtime: Runtime, run_id: str) -> dict[str, Any]:
     summary["report_pending"] = False
     summary.pop("report_error", None)
     # Written last: waiters treat a run as done once its report is out too.
-    store.update(run_id, report_url=url or "", finalized_at=now_iso(), report_pending=0)
-    store.clear(run_id, "report_error")
+    store.runs.update(run_id, report_url=url or "", finalized_at=now_iso(), report_pending=0)
+    store.runs.clear(run_id, "report_error")
     store.expire(run_id)
     log_event(
         logger,
@@ -279,7 +279,7 @@ def _report_pending(
     report RUN``, or the run's next trigger) counts nothing again.
     """
     error = f"{type(exc).__name__}: {exc}"[:500]
-    runtime.store.update(run_id, report_pending=1, report_error=error, finalized_at=now_iso())
+    runtime.store.runs.update(run_id, report_pending=1, report_error=error, finalized_at=now_iso())
     runtime.store.expire(run_id)
     log_event(logger, "run", runtime.settings, level=logging.WARNING, run_id=run_id,
               status=summary["status"], report="pending", error=error)  # fmt: skip
@@ -299,7 +299,7 @@ def _duration(summary: dict[str, Any]) -> float | str:
 def _not_deleted(runtime: Runtime, run_id: str) -> Any:
     """Every key the run did not delete: kept on purpose first, then dead letters."""
 
-    for kept in runtime.store.skipped_keys(run_id):
+    for kept in runtime.store.runs.skipped_keys(run_id):
         yield {**kept, "reason": "skipped", "entry_id": ""}
 
     for entry in runtime.dead_letters.entries(run=run_id):

@@ -53,7 +53,7 @@ def sweep_slice(
 ) -> SliceResult:
     """Advance the sweep of ``run_id`` by one slice; ``continue`` means send the next."""
     store = runtime.store
-    run = store.find(run_id)
+    run = store.runs.find(run_id)
     if run is None:
         return "missing"
     if run.finished or run.fields.get("sweep_done") == "1":
@@ -63,7 +63,7 @@ def sweep_slice(
     # dead one frees the sweep well before its message is redelivered.  Every
     # checkpoint renews it, and a slice that lost it is fenced off (see RunStore).
     lease_seconds = limit + LEASE_MARGIN_SECONDS
-    fence = store.take_lease(run_id, lease_seconds)
+    fence = store.sweeps.take_lease(run_id, lease_seconds)
     if fence is None:
         return "attached"
     try:
@@ -73,7 +73,7 @@ def sweep_slice(
         now = trusted_now(store, kind, target=target.name)
         refusal = _refusal(target, kind, cutoff, run.fields.get("scope", ""), now)
         if refusal is not None:
-            store.fail(run_id, *refusal)
+            store.runs.fail(run_id, *refusal)
             finish_run(runtime, run_id)
             return "failed"
         sweep = Slice(
@@ -82,7 +82,9 @@ def sweep_slice(
             target=target,
             kind=kind,
             cutoff=cutoff,
-            cp=Checkpoint.from_stored(store.load_checkpoint(run_id), run.fields.get("token", "")),
+            cp=Checkpoint.from_stored(
+                store.sweeps.load_checkpoint(run_id), run.fields.get("token", "")
+            ),
             deadline=time.monotonic() + limit,
             forced=run.fields.get("forced") == "1",
             dry_run=run.fields.get("dry_run") == "1",
@@ -93,14 +95,14 @@ def sweep_slice(
         sweep.keep_staged(sweep.cp.stage.staged)
         if sweep.cp.phase == "guard":
             if not guard_pass(sweep):
-                return "failed" if store.get(run_id).finished else "continue"
+                return "failed" if store.runs.get(run_id).finished else "continue"
             if sweep.dry_run:
                 return "done"
         return publish(sweep)
     except Fenced:
         return "fenced"
     finally:
-        store.release_lease(run_id, fence)
+        store.sweeps.release_lease(run_id, fence)
 
 
 def _refusal(
@@ -136,7 +138,7 @@ def on_slice_error(runtime: Runtime, run_id: str, exc: Exception) -> float | Non
     store = runtime.store
     settings = runtime.settings
     if isinstance(exc, RunStateError):  # what the sweep needs is gone; retrying cannot help
-        store.fail(run_id, "run_state_lost", str(exc))
+        store.runs.fail(run_id, "run_state_lost", str(exc))
         finish_run(runtime, run_id)
         return None
     if isinstance(exc, StoreError):
@@ -144,7 +146,7 @@ def on_slice_error(runtime: Runtime, run_id: str, exc: Exception) -> float | Non
     else:
         detail = f"{type(exc).__name__}: {exc}"
     if not isinstance(exc, PermanentError):
-        errors = store.count_sweep_error(run_id)
+        errors = store.runs.count_sweep_error(run_id)
         if errors <= settings.max_retries:
             retry_after = exc.retry_after if isinstance(exc, StoreError) else None
             countdown = backoff(errors - 1, settings, retry_after)
@@ -159,6 +161,6 @@ def on_slice_error(runtime: Runtime, run_id: str, exc: Exception) -> float | Non
                 attempt=errors,
             )
             return countdown
-    store.fail(run_id, "listing_failed", f"listing the target failed: {detail}")
+    store.runs.fail(run_id, "listing_failed", f"listing the target failed: {detail}")
     finish_run(runtime, run_id)
     return None

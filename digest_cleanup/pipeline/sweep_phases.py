@@ -81,14 +81,14 @@ class Slice:
     def stage(self, batches: list[list[Any]]) -> int:
         """Append batches to the run's stage; raise :class:`Fenced` if the lease is lost."""
         try:
-            return self.store.stage(self.run_id, batches, lease=self.lease)
+            return self.store.sweeps.stage(self.run_id, batches, lease=self.lease)
         except StageFenced:
             raise Fenced(self.run_id) from None
 
     def keep_staged(self, batches: int) -> None:
         """Trim the run's stage to ``batches``; raise :class:`Fenced` if the lease is lost."""
         try:
-            self.store.keep_staged(self.run_id, batches, lease=self.lease)
+            self.store.sweeps.keep_staged(self.run_id, batches, lease=self.lease)
         except StageFenced:
             raise Fenced(self.run_id) from None
 
@@ -98,7 +98,7 @@ class Slice:
         ``new_batches`` maps the batch ids this checkpoint puts in flight to their
         published digests (:func:`~digest_cleanup.model.batches.entry_digests`).
         """
-        result = self.store.save_checkpoint(
+        result = self.store.sweeps.save_checkpoint(
             self.run_id,
             self.cp.to_stored(),
             new_batches or {},
@@ -148,7 +148,7 @@ def guard_pass(sweep: Slice) -> bool:
             sweep.save()
             return False
     if sweep.dry_run:
-        store.update(run_id, listed=guard.listed, expired=guard.expired, sample=guard.sample,
+        store.runs.update(run_id, listed=guard.listed, expired=guard.expired, sample=guard.sample,
                      sweep_done=1, status="complete", ended_at=now_iso())  # fmt: skip
         finish_run(sweep.runtime, run_id)
         return True
@@ -162,7 +162,7 @@ def guard_pass(sweep: Slice) -> bool:
               max_delete=target.max_delete, forced=sweep.forced, staged=staging)  # fmt: skip
     cp.phase = "publish"
     # The guard's count is the best estimate of the run's size while it streams.
-    store.update(run_id, expired_seen=guard.expired)
+    store.runs.update(run_id, expired_seen=guard.expired)
     sweep.save()
     return True
 
@@ -176,8 +176,8 @@ def _refuse_max_delete(sweep: Slice, limit: int) -> bool:
         f"'digest-cleanup run {sweep.target.name} --cutoff {sweep.cutoff.isoformat()} --force'"
     )
     sweep.keep_staged(0)
-    store.update(run_id, listed=guard.listed, expired_seen=guard.expired)
-    store.fail(run_id, "max_delete_exceeded", message)
+    store.runs.update(run_id, listed=guard.listed, expired_seen=guard.expired)
+    store.runs.fail(run_id, "max_delete_exceeded", message)
     finish_run(sweep.runtime, run_id)
     return False
 
@@ -277,8 +277,8 @@ def _read_staged(sweep: Slice, first: int, count: int) -> list[list[Any]]:
     """Up to ``count`` staged batches from batch ``first + 1`` on."""
     stage = sweep.cp.stage
     start = first - stage.base
-    chunk = sweep.store.staged(sweep.run_id, start, min(count, stage.staged - start))
-    if not chunk and not sweep.store.holds_lease(sweep.run_id, sweep.lease):
+    chunk = sweep.store.sweeps.staged(sweep.run_id, start, min(count, stage.staged - start))
+    if not chunk and not sweep.store.sweeps.holds_lease(sweep.run_id, sweep.lease):
         raise Fenced(sweep.run_id)  # a slice that took over finished and freed them
     if not chunk:
         raise RunStateError(

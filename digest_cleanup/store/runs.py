@@ -17,8 +17,8 @@ and is composed of parts that each own their keys and the scripts that change th
 
 A part's script that must move another part's keys in the same atomic step
 includes that part's fragment (see :mod:`~digest_cleanup.store.scripts`); no part
-writes another's keys itself.  The methods callers use are the parts' own, bound
-on the store under the names they have always had.
+writes another's keys itself.  Callers name the part they use:
+``store.runs.record(...)``, ``store.sweeps.stage(...)``, ``store.targets.lock_slot(...)``.
 """
 
 from __future__ import annotations
@@ -42,54 +42,10 @@ class RunStore:
     def __init__(self, client: redis.Redis, prefix: str = "dc") -> None:
         self.redis = client
         self.keys = Keys(prefix)
-        self.runs = runs = RunRecords(client, self.keys)
-        self.sweeps = sweeps = Sweeps(client, self.keys)
-        self.targets = targets = TargetRecords(client, self.keys)
+        self.runs = RunRecords(client, self.keys)
+        self.sweeps = Sweeps(client, self.keys)
+        self.targets = TargetRecords(client, self.keys)
         self.clock_skews = ClockSkews(client, self.keys)
-        # The run's record and transitions.
-        self.open = runs.open
-        self.get = runs.get
-        self.find = runs.find
-        self.run_status = runs.run_status
-        self.update = runs.update
-        self.clear = runs.clear
-        self.record = runs.record
-        self.count_delivery = runs.count_delivery
-        self.count_sweep_error = runs.count_sweep_error
-        self.fail = runs.fail
-        self.abort = runs.abort
-        self.skipped_keys = runs.skipped_keys
-        self.progress = runs.progress
-        self.retry_codes = runs.retry_codes
-        self.retried_codes = runs.retried_codes
-        self.is_recorded = runs.is_recorded
-        self.is_redriven = runs.is_redriven
-        self.is_in_flight = runs.is_in_flight
-        self.in_flight = runs.in_flight
-        self.run_ids = runs.run_ids
-        self.latest = runs.latest
-        self.latency = runs.latency
-        self.timings = runs.timings
-        # The sweep's lease, checkpoint, stage and published digests.
-        self.take_lease = sweeps.take_lease
-        self.holds_lease = sweeps.holds_lease
-        self.release_lease = sweeps.release_lease
-        self.save_checkpoint = sweeps.save_checkpoint
-        self.load_checkpoint = sweeps.load_checkpoint
-        self.stage = sweeps.stage
-        self.staged = sweeps.staged
-        self.keep_staged = sweeps.keep_staged
-        self.published_digest = sweeps.published_digest
-        self.is_published = sweeps.is_published
-        # Each target's own records.
-        self.lock_slot = targets.lock_slot
-        self.unlock_slot = targets.unlock_slot
-        self.mark_success = targets.mark_success
-        self.last_success = targets.last_success
-        self.mark_probed = targets.mark_probed
-        self.probed_scope = targets.probed_scope
-        self.save_verify = targets.save_verify
-        self.last_verify = targets.last_verify
 
     def key(self, *parts: str) -> str:
         """``prefix:part:part`` (see :class:`~digest_cleanup.store.keys.Keys`)."""

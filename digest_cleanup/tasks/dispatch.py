@@ -28,7 +28,7 @@ class CeleryDispatcher:
     def send_batch(
         self, payload: BatchPayload, *, countdown: float | None = None, task_id: str | None = None
     ) -> None:
-        run = self.runtime.store.find(payload.run_id)
+        run = self.runtime.store.runs.find(payload.run_id)
         total = batch_total(run.fields if run else None, payload.seq)
         self.app.send_task(
             BATCH_TASK,

@@ -63,7 +63,7 @@ def trigger(
     holder = self.request.id or uuid.uuid4().hex
     # The lock holds the task id: a redelivery of this very message (its worker died
     # between locking and starting) must still start the run, or the slot is skipped.
-    if not runtime.store.lock_slot(target, slot_name, holder, SLOT_LOCK_SECONDS):
+    if not runtime.store.targets.lock_slot(target, slot_name, holder, SLOT_LOCK_SECONDS):
         return {"target": target, "slot": slot.isoformat(), "action": "already_locked"}
     try:
         started = start(
@@ -75,12 +75,12 @@ def trigger(
     except CutoffError as exc:
         # A trigger whose ``now`` lies ahead of this worker's clock (sent by hand,
         # say through Flower's API) would delete inside the retention window.
-        runtime.store.unlock_slot(target, slot_name, holder)
+        runtime.store.targets.unlock_slot(target, slot_name, holder)
         return {"target": target, "slot": slot.isoformat(), "action": "refused", "reason": str(exc)}
     except Exception:
         # A locked slot without a run would be skipped: free it for the next trigger.
         # The run id is keyed on the slot, so a later start cannot double the run.
-        runtime.store.unlock_slot(target, slot_name, holder)
+        runtime.store.targets.unlock_slot(target, slot_name, holder)
         raise
     return {
         "target": target,

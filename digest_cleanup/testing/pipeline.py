@@ -188,7 +188,7 @@ def _run(
                 between(swept.as_dict())
                 with in_process_worker(app):
                     view = _wait_for_end(runtime.store, run_id, deadline)
-        run = view.as_dict() | {"failures_by_code": runtime.store.retry_codes(run_id)}
+        run = view.as_dict() | {"failures_by_code": runtime.store.runs.retry_codes(run_id)}
         entries = [e.as_dict() for e in runtime.dead_letters.entries(run=run_id)]
         return PipelineResult(run=run, dead_letters=entries, settings=run_settings, logs=lines)
     finally:
@@ -210,7 +210,7 @@ def _start(runtime: Runtime, tgt: Target, options: _Options) -> str:
 def _wait_for_sweep(store: RunStore, run_id: str, deadline: float) -> RunView:
     """The run once its sweep is done (every batch published), or once it has ended."""
     while True:
-        view = store.get(run_id)
+        view = store.runs.get(run_id)
         if view.finished or view.fields.get("sweep_done") == "1":
             return view
         if time.monotonic() > deadline:

@@ -122,16 +122,18 @@ def exported(redis_url: str, tmp_path: Path) -> frozenset[str]:
     path.write_text(TARGETS)
     runtime = Runtime(Settings(broker_url=redis_url, targets_file=path, s3_endpoint_url=None))
     fields = {"target": "statements", "cutoff": "2026-10-23T03:00:00+00:00", "batch_size": 500}
-    assert runtime.store.open(RUN, fields | {"max_delete": 250_000}) == "created"
-    lease = runtime.store.take_lease(RUN, 60)
+    assert runtime.store.runs.open(RUN, fields | {"max_delete": 250_000}) == "created"
+    lease = runtime.store.sweeps.take_lease(RUN, 60)
     checkpoint = {"listed": 1000, "expired": 1000, "seq": 2, "done": True}
     batches = [f"{RUN}-b00001", f"{RUN}-b00002"]
     published = dict.fromkeys(batches, b"")
-    assert runtime.store.save_checkpoint(RUN, checkpoint, published, lease=lease, lease_seconds=60)
+    assert runtime.store.sweeps.save_checkpoint(
+        RUN, checkpoint, published, lease=lease, lease_seconds=60
+    )
     retried = {"retries": 1, "codes": {"SlowDown": 10}, "retried_codes": ["SlowDown"]}
     record = BatchRecord(batch_id=batches[0], claim=f"{batches[0]}/g0/a0", deleted=490,
                          terminal=False, latency=0.5, **retried)  # fmt: skip
-    assert runtime.store.record(RUN, "statements", record) == "recorded"
+    assert runtime.store.runs.record(RUN, "statements", record) == "recorded"
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunStateCollector(runtime))

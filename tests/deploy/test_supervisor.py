@@ -241,7 +241,7 @@ def test_supervised_worker_runs_stops_warmly_mid_run_and_resumes_losing_nothing(
     run_id = started.json()["run_id"]
 
     def under_way() -> RunView | None:
-        run = store.get(run_id)
+        run = store.runs.get(run_id)
         return (
             run if run.fields.get("sweep_done") == "1" and run.count("batches_done") >= 3 else None
         )
@@ -272,8 +272,8 @@ def test_supervised_worker_runs_stops_warmly_mid_run_and_resumes_losing_nothing(
     assert finished & running, "no running batch was allowed to finish"
     # and no batch is lost: each one running was recorded or went back to the queue, and
     # every batch the run still waits for is on the queue, none held by the stopped worker
-    run = store.get(run_id)
-    pending = {batch for batch, _ in store.in_flight(run_id)}
+    run = store.runs.get(run_id)
+    pending = {batch for batch, _ in store.runs.in_flight(run_id)}
     queued = _queued_batch_ids(redis_client)
     assert run.status == "running"
     assert pending, "the run must be stopped midway"
@@ -288,12 +288,12 @@ def test_supervised_worker_runs_stops_warmly_mid_run_and_resumes_losing_nothing(
     assert "started" in supervisor.ctl("start", WORKER)
 
     # Then the run completes with nothing lost: every expired key gone, nothing else touched
-    done = wait_for(lambda: (r := store.get(run_id)).finished and r, TIMEOUT, "the run to end")
+    done = wait_for(lambda: (r := store.runs.get(run_id)).finished and r, TIMEOUT, "the run to end")
     assert done.status == "complete"
     assert done.count("batches_done") == done.count("batches") == len(EXPIRED) // 50
     assert done.count("deleted") == done.count("expired") == len(EXPIRED)
     assert done.count("dead_lettered") == 0
-    assert store.in_flight(run_id) == []
+    assert store.runs.in_flight(run_id) == []
     assert list_keys(s3, bucket, "statements/") == set(FRESH)
     assert list_keys(s3, bucket, "receipts/") == set(RECEIPTS)
     assert not set(proxy.deleted_key_counts) & set(FRESH + RECEIPTS)

@@ -66,8 +66,8 @@ def _runs(client: redis.Redis, target: str) -> list[str]:
     store = RunStore(client)
     return sorted(
         run_id
-        for run_id in store.run_ids(limit=100)
-        if (run := store.find(run_id)) and run.fields.get("target") == target
+        for run_id in store.runs.run_ids(limit=100)
+        if (run := store.runs.find(run_id)) and run.fields.get("target") == target
     )
 
 

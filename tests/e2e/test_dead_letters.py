@@ -120,7 +120,7 @@ def test_a_redrive_that_crashes_midway_loses_no_entry(make_stack, s3, bucket, pr
     assert len(work) == 5
     assert len(left) == 7
     assert sorted(work + left) == sorted(e.id for e in entries)
-    run = runtime.store.get(entries[0].run_id)
+    run = runtime.store.runs.get(entries[0].run_id)
     assert run.count("redriven") == 500
     assert run.count("dead_lettered") == 700
 

@@ -162,7 +162,9 @@ def test_expired_rows_are_deleted_fresh_and_rewritten_rows_kept_and_the_run_repo
     assert started.code == 0, started
     run_id, cutoff = started.json()["run_id"], started.json()["cutoff"]
     store = Runtime(Settings.from_env(stack.env)).store
-    wait_for(lambda: store.get(run_id).fields.get("sweep_done") == "1", 120, "the sweep to finish")
+    wait_for(
+        lambda: store.runs.get(run_id).fields.get("sweep_done") == "1", 120, "the sweep to finish"
+    )
 
     # Then each batch is a delete_batch task named by its batch id, labelled without row ids
     messages = queued(stack, "batches")

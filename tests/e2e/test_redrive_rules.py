@@ -79,7 +79,7 @@ def test_entries_whose_run_expired_or_restarted_or_whose_scope_changed_stay_whol
     )
     changed = stack.cli("dlq", "redrive", "--all", "--json").json()
     stack.targets_file.write_text(s3_targets(bucket, batch_size=20))
-    store.update(run["run_id"], token="a-later-incarnation")
+    store.runs.update(run["run_id"], token="a-later-incarnation")
     restarted = stack.cli("dlq", "redrive", "--all", "--json").json()
     store.reset(run["run_id"])
     expired = stack.cli("dlq", "redrive", "--all", "--json").json()
@@ -102,7 +102,7 @@ def test_redriving_the_dead_letters_of_a_failed_run_deletes_them_but_it_stays_fa
     stack = make_stack(s3_targets(bucket))
     run = _dead_lettered_run(stack, s3, bucket, proxy)
     store = Runtime(Settings.from_env(stack.env)).store
-    store.fail(run["run_id"], "listing_failed", "listing the target failed: InternalError")
+    store.runs.fail(run["run_id"], "listing_failed", "listing the target failed: InternalError")
 
     # When its dead letters are redriven
     assert stack.cli("dlq", "redrive", "--all", "--json").code == 0

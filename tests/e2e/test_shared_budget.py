@@ -94,7 +94,7 @@ def start(stack: Stack, cutoff: datetime) -> str:
 
 def finished(store: RunStore, run_id: str, timeout: float = 240) -> RunView:
     def done() -> RunView | None:
-        run = store.find(run_id)
+        run = store.runs.find(run_id)
         return run if run is not None and run.finished else None
 
     run: RunView = wait_for(done, timeout, f"run {run_id} to finish", interval=0.2)

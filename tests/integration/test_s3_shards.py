@@ -220,7 +220,7 @@ def test_a_sweep_sliced_page_by_page_publishes_every_key_once(weed, sharded_buck
     assert results[-1] == "done"
     assert results.count("continue") > 5  # the listing spanned many slices
     assert Counter(k for p in sent for k in p.keys) == Counter(KEYS)
-    run = runtime.store.get(run_id)
+    run = runtime.store.runs.get(run_id)
     assert (run.count("listed"), run.count("expired")) == (len(KEYS), len(KEYS))
     runtime.close()
 

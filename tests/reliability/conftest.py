@@ -103,7 +103,7 @@ def wait_finished(store: RunStore, run_id: str, timeout: float, what: str = "") 
 
     def finished() -> RunView | None:
         try:
-            run = store.find(run_id)
+            run = store.runs.find(run_id)
         except redis.RedisError:
             return None  # Redis restarting under the test
         if run is not None and run.finished and run.fields.get("finalized_at"):
@@ -118,7 +118,7 @@ def wait_count(store: RunStore, run_id: str, counter: str, at_least: int, timeou
     """Poll until a run's counter reaches ``at_least``."""
 
     def reached() -> bool:
-        run = store.find(run_id)
+        run = store.runs.find(run_id)
         return run is not None and run.count(counter) >= at_least
 
     wait_for(reached, timeout, f"{counter} >= {at_least} in run {run_id}", interval=0.2)

@@ -78,7 +78,7 @@ def test_a_host_cut_off_mid_batch_is_fenced_and_its_batches_finish_elsewhere(
         # The other host may have finished the run before the heal; the cut host's late
         # attempt reaches the run store only once its link is back, so wait for it.
         wait_count(store, run_id, "duplicates", 1, 120)
-        run = store.get(run_id)
+        run = store.runs.get(run_id)
     finally:
         for relay in relays:
             relay.stop()
@@ -116,7 +116,7 @@ def _wait_busy(store: RunStore, run_id: str, worker: Process) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if "Task digest_cleanup.delete_batch" in worker.output() and (
-            store.get(run_id).count("deleted") > 0
+            store.runs.get(run_id).count("deleted") > 0
         ):
             return
         time.sleep(0.1)

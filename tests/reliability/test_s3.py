@@ -111,7 +111,7 @@ def test_s3_unreachable_for_30_seconds(make_stack, weed, s3, proxy, redis_url, f
     figures.deleted = run.count("deleted")
     figures.duplicate_deliveries = run.count("duplicates")
     figures.keys_sent_twice = len(proxy.duplicate_deletes())
-    codes = store.retry_codes(run_id)
+    codes = store.runs.retry_codes(run_id)
     figures.notes = (
         f"every connection dropped for 30 s once 2 batches of 250 were done; "
         f"{run.count('retries')} retries by code {codes}; "

@@ -89,7 +89,7 @@ def test_warm_shutdown_mid_run(make_stack, weed, s3, proxy, redis_url, figures):
     # Then it finishes what it was running and exits cleanly, leaving the run unfinished
     assert code == 0, worker.output()[-2000:]
     assert "Warm shutdown" in worker.output()
-    assert not store.get(run_id).finished
+    assert not store.runs.get(run_id).finished
 
     # And when a new worker starts, the run completes with nothing lost or repeated
     stack.worker()

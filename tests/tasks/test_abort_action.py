@@ -58,13 +58,13 @@ def _swept(rt: Runtime) -> tuple[str, list[BatchPayload]]:
 def test_aborting_a_running_run_fails_it_and_keeps_an_audit_record(rt):
     # Given a run with its batches in flight
     run_id, _batches = _swept(rt)
-    assert rt.store.get(run_id).status == "running"
+    assert rt.store.runs.get(run_id).status == "running"
 
     # When an operator aborts it
     result = abort_run(rt, run_id, "batches worker gone", COMMAND)
 
     # Then it is failed as aborted, saying why, and the audit log holds the run as it was
-    run = rt.store.get(run_id).as_dict()
+    run = rt.store.runs.get(run_id).as_dict()
     assert (run["status"], run["reason"]) == ("failed", "aborted")
     assert "batches worker gone" in run["message"]
     assert result.run["status"] == "failed"
@@ -87,12 +87,12 @@ def test_aborting_a_finished_run_is_refused_and_records_nothing(rt):
     rt.dispatcher = RecordingDispatcher()
     for n, payload in enumerate(batches):
         process(rt, payload.to_message(), f"t{n}")
-    assert rt.store.get(run_id).status == "complete"
+    assert rt.store.runs.get(run_id).status == "complete"
 
     # When an operator aborts it
     with pytest.raises(RunStateError, match="is complete, not running: nothing to abort"):
         abort_run(rt, run_id, "too late", COMMAND)
 
     # Then it stays complete, and no audit record was written
-    assert rt.store.get(run_id).status == "complete"
+    assert rt.store.runs.get(run_id).status == "complete"
     assert rt.dead_letters.audit_log() == []

@@ -46,7 +46,7 @@ def test_a_batch_of_an_earlier_incarnation_leaves_the_current_runs_counters_alon
     published: list[BatchPayload] = []
     run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
     assert sweep_slice(recording(runtime, published.append), run_id) == "done"
-    before = runtime.store.get(run_id)
+    before = runtime.store.runs.get(run_id)
     assert before.count("inflight") == 2
 
     # When a batch with the same id but an earlier incarnation's token is delivered
@@ -59,14 +59,14 @@ def test_a_batch_of_an_earlier_incarnation_leaves_the_current_runs_counters_alon
     assert (report.status, report.reason) == ("dead_lettered", "stale_run")
     (entry,) = dispatcher.dead.values()
     assert len(BatchPayload.from_message(entry.body).keys) == 50
-    after = runtime.store.get(run_id)
+    after = runtime.store.runs.get(run_id)
     for counter in ("inflight", "dead_lettered", "deleted", "batches_done"):
         assert after.count(counter) == before.count(counter), counter
     assert len(memory.contents("attempts")) == 100
 
     # And the same batch with the current token still deletes and counts as usual
     assert process(runtime, published[0].to_message(), "t2").deleted == 50
-    assert runtime.store.get(run_id).count("inflight") == 1
+    assert runtime.store.runs.get(run_id).count("inflight") == 1
 
 
 BUDGETED = TARGETS.replace("batch_size = 50", "batch_size = 50\ndelete_rate = 1000")
@@ -113,9 +113,9 @@ def test_a_batch_whose_budget_is_too_far_off_is_handed_back_as_the_same_attempt(
     assert 0 < sent.countdown <= DEFER_SECONDS
     assert len(memory.contents("attempts")) == 100
     # And it spent no retry and counted no delivery: the next one is the first
-    run = budgeted.store.get(run_id)
+    run = budgeted.store.runs.get(run_id)
     assert (run.count("retries"), run.count("inflight")) == (0, 2)
-    assert budgeted.store.count_delivery(run_id, published[0].claim) == 1
+    assert budgeted.store.runs.count_delivery(run_id, published[0].claim) == 1
     assert budget.state().deferred == 1
 
 
@@ -158,6 +158,6 @@ def test_each_recorded_attempt_leaves_one_progress_sample_and_a_duplicate_none(r
         process(runtime, payload.to_message(), f"t{n}")
 
     # Then the chart has one sample per recorded attempt, with the counts it left
-    samples = runtime.store.progress(run_id)
+    samples = runtime.store.runs.progress(run_id)
     assert [(deleted, done) for _, deleted, done in samples] == [(50, 50), (100, 100)]
     assert samples[0][0] <= samples[1][0]

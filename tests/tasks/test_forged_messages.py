@@ -99,7 +99,7 @@ def test_a_copy_without_keys_is_poison_and_leaves_the_real_batch_in_flight(rt):
 
     # Then the copy was poison and counted nowhere, and the real batches deleted everything
     assert report.status == "poison"
-    run = rt.store.get(run_id)
+    run = rt.store.runs.get(run_id)
     assert (run.status, run.count("deleted"), run.count("dead_lettered")) == ("complete", 100, 0)
     assert memory.contents("forged") == {}
 
@@ -113,13 +113,13 @@ def test_a_poison_message_naming_a_real_batch_moves_no_counter(rt):
     process(rt, dict(first.to_message(), rest=[""] * 1001), "poison")
 
     # Then the batch is still in flight and nothing was counted
-    run = rt.store.get(run_id)
+    run = rt.store.runs.get(run_id)
     assert (run.count("inflight"), run.count("dead_lettered"), run.count("batches_done")) == (
         2,
         0,
         0,
     )
-    assert rt.store.is_in_flight(run_id, first.batch_id)
+    assert rt.store.runs.is_in_flight(run_id, first.batch_id)
 
 
 def test_a_second_terminal_attempt_of_one_batch_does_not_end_the_run_early(rt):
@@ -128,18 +128,20 @@ def test_a_second_terminal_attempt_of_one_batch_does_not_end_the_run_early(rt):
     run_id, (first, second) = _started(rt)
     store = rt.store
     for payload in (first, dataclasses.replace(first, attempt=1)):
-        store.record(run_id, "snapshots", BatchRecord(payload.batch_id, payload.claim, deleted=50))
+        store.runs.record(
+            run_id, "snapshots", BatchRecord(payload.batch_id, payload.claim, deleted=50)
+        )
 
     # Then the run still waits for the second batch
-    run = store.get(run_id)
+    run = store.runs.get(run_id)
     assert (run.status, run.count("inflight")) == ("running", 1)
-    assert store.is_in_flight(run_id, second.batch_id)
+    assert store.runs.is_in_flight(run_id, second.batch_id)
 
 
 def test_a_copy_with_a_redrive_generation_deletes_nothing_in_a_failed_run(rt):
     # Given a run that failed with its batches still in flight
     run_id, (first, _second) = _started(rt)
-    rt.store.fail(run_id, "listing_failed", "the listing broke mid-sweep")
+    rt.store.runs.fail(run_id, "listing_failed", "the listing broke mid-sweep")
     rt.dispatcher = RecordingDispatcher()
 
     # When a copy of a batch claiming to be a redrive (generation 1) arrives
@@ -175,7 +177,7 @@ def test_two_entries_of_one_batch_are_both_redriven_and_deleted(rt, redis_url):
 
     # Then both keys are gone and the run is complete, not stuck with one in flight
     assert memory.contents("forged") == {}
-    run = rt.store.get(run_id)
+    run = rt.store.runs.get(run_id)
     assert (run.status, run.count("inflight"), run.count("dead_lettered")) == ("complete", 0, 0)
 
 
@@ -194,11 +196,11 @@ def test_a_redrive_while_its_batch_still_retries_keeps_the_run_open_until_both_e
     assert redrive_entries(rt, rt.dead_letters.entries(run=run_id), dry_run=False).movable
     kwargs, task_id = _next_work(rt)
     process(rt, kwargs, task_id)
-    assert rt.store.get(run_id).status == "running"  # the retry is still in flight
+    assert rt.store.runs.get(run_id).status == "running"  # the retry is still in flight
     process(rt, retry.to_message(), "t1")
 
     # Then the run ends complete with every key gone and nothing left in flight
-    run = rt.store.get(run_id)
+    run = rt.store.runs.get(run_id)
     assert (run.status, run.count("inflight")) == ("complete", 0)
     assert memory.contents("forged") == {}
 
@@ -209,12 +211,12 @@ def test_abort_of_a_failed_run_stops_the_redrives_already_sent(rt, redis_url):
     _queued(rt, redis_url)
     memory.fail("forged", "snap/0000", Outcome.PERMANENT, "AccessDenied")
     process(rt, first.to_message(), "t1")
-    rt.store.fail(run_id, "listing_failed", "the listing broke mid-sweep")
+    rt.store.runs.fail(run_id, "listing_failed", "the listing broke mid-sweep")
     memory.fail("forged", "snap/0000", Outcome.DELETED, "", times=0)
     assert redrive_entries(rt, rt.dead_letters.entries(run=run_id), dry_run=False).movable
 
     # When the run is aborted before the redrive is delivered
-    assert rt.store.abort(run_id, "stop") == "aborted"
+    assert rt.store.runs.abort(run_id, "stop") == "aborted"
     kwargs, task_id = _next_work(rt)
     report = process(rt, kwargs, task_id)
 

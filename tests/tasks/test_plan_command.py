@@ -33,9 +33,9 @@ def configured(redis_url, tmp_path, monkeypatch):
 def record_attempts(redis_client, count: int, seconds: float, delete_seconds: float) -> None:
     """Record ``count`` batch attempts of 500 items the way a worker does."""
     store = RunStore(redis_client)
-    store.open("statements-run", {"target": "statements"})
+    store.runs.open("statements-run", {"target": "statements"})
     for i in range(count):
-        store.record(
+        store.runs.record(
             "statements-run",
             "statements",
             BatchRecord(

@@ -57,7 +57,7 @@ def _run_with_skips(runtime: Runtime, skipped: int) -> RunView:
     assert sweep_slice(recording(runtime, published.append), run_id) == "done"
     for n, payload in enumerate(published):
         process(recording(runtime), payload.to_message(), f"t{n}")
-    return runtime.store.get(run_id)
+    return runtime.store.runs.get(run_id)
 
 
 def test_skipping_more_than_a_tenth_by_default_ends_complete_with_failures(runtime):

@@ -77,30 +77,30 @@ def test_every_script_runs_through_a_part_with_the_names_its_header_declares(run
     store = runtime.store
     # Given a run swept in one checkpoint: staged, trimmed, published
     run = "statements-20261129T0300Z"
-    assert store.open(run, {"target": TARGET}) == "created"
-    lease = store.take_lease(run, 30)
+    assert store.runs.open(run, {"target": TARGET}) == "created"
+    lease = store.sweeps.take_lease(run, 30)
     assert lease is not None
-    assert store.stage(run, [["statements/a.pdf"]], lease=lease) == 1
-    store.keep_staged(run, 0, lease=lease)
+    assert store.sweeps.stage(run, [["statements/a.pdf"]], lease=lease) == 1
+    store.sweeps.keep_staged(run, 0, lease=lease)
     batch = f"{run}-b00001"
     checkpoint = {"listed": 1, "expired": 1, "seq": 1, "done": True}
-    saved = store.save_checkpoint(
+    saved = store.sweeps.save_checkpoint(
         run, checkpoint, {batch: b"digest"}, lease=lease, lease_seconds=30
     )
     assert saved == "saved"
 
     # When its one batch is delivered twice and recorded, the run finishes
-    assert store.count_delivery(run, f"{batch}/0/0") == 1
-    assert store.count_delivery(run, f"{batch}/0/0") == 2
+    assert store.runs.count_delivery(run, f"{batch}/0/0") == 1
+    assert store.runs.count_delivery(run, f"{batch}/0/0") == 2
     record = BatchRecord(batch_id=batch, claim=f"{batch}/0/0", deleted=1, latency=0.2, keys=1)
-    assert store.record(run, TARGET, record) == "finished"
-    assert store.get(run).status == "complete"
+    assert store.runs.record(run, TARGET, record) == "finished"
+    assert store.runs.get(run).status == "complete"
 
     # and two more runs end the other two ways
     for other in ("failing", "aborting"):
-        store.open(other, {"target": TARGET})
-    assert store.fail("failing", "listing_failed", "the listing failed")
-    assert store.abort("aborting", "an operator stopped it") == "aborted"
+        store.runs.open(other, {"target": TARGET})
+    assert store.runs.fail("failing", "listing_failed", "the listing failed")
+    assert store.runs.abort("aborting", "an operator stopped it") == "aborted"
 
     # and dead letters arrive indexed, without headers, and as a merge; one is redriven
     # into its run and one purged
@@ -142,14 +142,14 @@ def test_a_redrive_moves_the_run_counters_through_the_run_part(runtime):
     # Given a finished run whose one batch dead-lettered its key
     store = runtime.store
     run = "statements-20261206T0300Z"
-    store.open(run, {"target": TARGET})
-    lease = store.take_lease(run, 30)
+    store.runs.open(run, {"target": TARGET})
+    lease = store.sweeps.take_lease(run, 30)
     assert lease is not None
     batch = f"{run}-b00001"
     checkpoint = {"listed": 1, "expired": 1, "seq": 1, "done": True}
-    store.save_checkpoint(run, checkpoint, {batch: b"d"}, lease=lease, lease_seconds=30)
+    store.sweeps.save_checkpoint(run, checkpoint, {batch: b"d"}, lease=lease, lease_seconds=30)
     dead = BatchRecord(batch_id=batch, claim=f"{batch}/0/0", dead_lettered=1, keys=1)
-    assert store.record(run, TARGET, dead) == "finished"
+    assert store.runs.record(run, TARGET, dead) == "finished"
     _dead_letter(create_app(runtime.settings), "dl-r", run, ["statements/a.pdf"], headers=True)
     (entry,) = runtime.dead_letters.entries(run=run)
 
@@ -157,15 +157,15 @@ def test_a_redrive_moves_the_run_counters_through_the_run_part(runtime):
     assert runtime.dead_letters.redrive_one(entry)
 
     # Then the run is running again with one more chain in flight, the key counted redriven
-    view = store.get(run)
+    view = store.runs.get(run)
     assert view.status == "running"
     assert (view.count("redriven"), view.count("dead_lettered"), view.count("inflight")) == (
         1,
         0,
         1,
     )
-    assert store.is_in_flight(run, batch)
-    assert store.is_redriven(run, batch)
+    assert store.runs.is_in_flight(run, batch)
+    assert store.runs.is_redriven(run, batch)
     assert json.loads(store.redis.lindex("batches", 0))["headers"]["id"] == "dl-r"
 
 

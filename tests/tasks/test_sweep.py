@@ -72,7 +72,7 @@ def _assert_every_batch_once_in_the_run(runtime: Runtime, run_id: str, sent: lis
     assert sorted(i for keys in by_id.values() for i in keys) == [
         f"snap/{i:05d}" for i in range(1000)
     ]
-    run = runtime.store.get(run_id)
+    run = runtime.store.runs.get(run_id)
     assert (run.count("batches"), run.count("inflight")) == (20, 20)
     assert (run.count("listed"), run.count("expired")) == (1030, 1000)
     assert run.fields.get("sweep_done") == "1"
@@ -116,7 +116,7 @@ def test_a_second_listing_refills_the_stage_a_window_at_a_time(runtime, scans, m
     monkeypatch.setattr(sweep_phases, "REFILL_BATCHES", 3)
     run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
     most_staged = 0
-    real_stage = runtime.store.stage
+    real_stage = runtime.store.sweeps.stage
 
     def watching(rid: str, batches: list[list[str]], *, lease: str) -> int:
         nonlocal most_staged
@@ -124,7 +124,7 @@ def test_a_second_listing_refills_the_stage_a_window_at_a_time(runtime, scans, m
         most_staged = max(most_staged, length)
         return length
 
-    monkeypatch.setattr(runtime.store, "stage", watching)
+    monkeypatch.setattr(runtime.store.sweeps, "stage", watching)
 
     # When it sweeps to the end, handing over after every step
     sent = _sweep_to_end(runtime, run_id, slice_seconds=1e-9)
@@ -134,7 +134,7 @@ def test_a_second_listing_refills_the_stage_a_window_at_a_time(runtime, scans, m
     assert most_staged <= 3 + 2
     assert [i for p in sent for i in p.keys] == [f"snap/{i:05d}" for i in range(1000)]
     assert [p.seq for p in sent] == list(range(1, 21))
-    run = runtime.store.get(run_id)
+    run = runtime.store.runs.get(run_id)
     assert (run.count("listed"), run.count("expired"), run.count("batches")) == (1030, 1000, 20)
 
 
@@ -209,7 +209,7 @@ def test_publishing_reads_the_guard_pass_staged_pages_instead_of_listing_again(r
     assert scans == [None]  # one listing, by the guard pass
     assert [p.seq for p in sent] == list(range(1, 21))
     assert [i for p in sent for i in p.keys] == [f"snap/{i:05d}" for i in range(1000)]
-    run = runtime.store.get(run_id)
+    run = runtime.store.runs.get(run_id)
     assert (run.count("listed"), run.count("expired"), run.count("batches")) == (1030, 1000, 20)
     # the staged pages are freed once every batch is out
     assert not runtime.store.redis.exists(runtime.store.run_key(run_id, "staged"))
@@ -223,7 +223,7 @@ def _sweep_dying_at_stage_call(
     **kwargs: float,
 ) -> tuple[list[BatchPayload], list[str]]:
     """Sweep to the end; the ``die_at``-th staging kills its slice right after it staged."""
-    real_stage = runtime.store.stage
+    real_stage = runtime.store.sweeps.stage
     calls = 0
 
     def dying_stage(rid: str, batches: list[list[str]], *, lease: str) -> int:
@@ -234,7 +234,7 @@ def _sweep_dying_at_stage_call(
             raise Crash
         return length
 
-    monkeypatch.setattr(runtime.store, "stage", dying_stage)
+    monkeypatch.setattr(runtime.store.sweeps, "stage", dying_stage)
     sent: list[BatchPayload] = []
     results: list[str] = []
     while not results or results[-1] in ("continue", "crashed"):
@@ -258,7 +258,7 @@ def test_a_guard_slice_killed_after_staging_a_page_stages_it_once(runtime, monke
     keys = [i for p in sent for i in p.keys]
     assert sorted(keys) == [f"snap/{i:05d}" for i in range(1000)]
     assert len(keys) == len(set(keys)) == 1000
-    run = runtime.store.get(run_id)
+    run = runtime.store.runs.get(run_id)
     assert (run.count("expired"), run.count("batches"), run.count("inflight")) == (1000, 20, 20)
 
 
@@ -288,7 +288,7 @@ def test_past_the_stage_limit_publishing_lists_the_target_again(runtime, scans, 
     assert scans == [None, None]  # the guard pass, then publishing
     assert [i for p in sent for i in p.keys] == [f"snap/{i:05d}" for i in range(1000)]
     assert not runtime.store.redis.exists(runtime.store.run_key(run_id, "staged"))
-    run = runtime.store.get(run_id)
+    run = runtime.store.runs.get(run_id)
     assert (run.count("listed"), run.count("expired"), run.count("batches")) == (1030, 1000, 20)
 
 
@@ -301,7 +301,7 @@ def test_a_run_refused_by_max_delete_leaves_nothing_staged(runtime):
         assert sweep_slice(recording(guarded, sent.append), run_id) == "failed"
 
         assert sent == []
-        assert guarded.store.get(run_id)["reason"] == "max_delete_exceeded"
+        assert guarded.store.runs.get(run_id)["reason"] == "max_delete_exceeded"
         assert not guarded.store.redis.exists(guarded.store.run_key(run_id, "staged"))
     finally:
         guarded.close()
@@ -312,7 +312,7 @@ def test_staged_batches_lost_from_redis_fail_the_run_at_once(runtime):
     sent: list[BatchPayload] = []
     # the guard pass finishes; then the staged list disappears before publishing
     while sweep_slice(recording(runtime, sent.append), run_id, slice_seconds=1e-9) == "continue":
-        if runtime.store.load_checkpoint(run_id)["phase"] == "publish":  # type: ignore[index]
+        if runtime.store.sweeps.load_checkpoint(run_id)["phase"] == "publish":  # type: ignore[index]
             break
     runtime.store.redis.delete(runtime.store.run_key(run_id, "staged"))
 
@@ -321,7 +321,7 @@ def test_staged_batches_lost_from_redis_fail_the_run_at_once(runtime):
 
     # the sweep task's error handler fails the run without retrying: nothing can bring them back
     assert on_slice_error(runtime, run_id, raised.value) is None
-    run = runtime.store.get(run_id)
+    run = runtime.store.runs.get(run_id)
     assert (run.status, run["reason"]) == ("failed", "run_state_lost")
     assert "trigger the run again" in run["message"]
 
@@ -349,7 +349,7 @@ def test_a_slice_that_outran_its_lease_is_fenced_and_the_in_flight_count_stays_e
     # run counts each batch in flight once
     assert first == "fenced"
     assert takeover == ["done"]
-    run = runtime.store.get(run_id)
+    run = runtime.store.runs.get(run_id)
     assert run.count("batches") == 20
     assert run.count("inflight") == 20
     assert sorted({p.seq for p in redelivered}) == list(range(1, 21))
@@ -360,10 +360,10 @@ def test_a_checkpoint_clears_the_sweep_error_count(runtime):
     run_id = start(recording(runtime), runtime.target("snapshots"), CUTOFF).run_id
     for _ in range(2):
         assert on_slice_error(runtime, run_id, TimeoutError("slow page")) is not None
-    assert runtime.store.get(run_id).count("sweep_errors") == 2
+    assert runtime.store.runs.get(run_id).count("sweep_errors") == 2
 
     # When a slice then makes progress
     assert sweep_slice(recording(runtime), run_id) == "done"
 
     # Then the count starts over, so errors spread over a long sweep never add up to a failure
-    assert runtime.store.get(run_id).count("sweep_errors") == 0
+    assert runtime.store.runs.get(run_id).count("sweep_errors") == 0

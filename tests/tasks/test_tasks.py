@@ -106,7 +106,7 @@ def _run(runtime: Runtime, app: Any, **kwargs: Any) -> dict[str, Any]:
     target = runtime.target("snapshots")
     started = start(runtime, target, CUTOFF, **kwargs)
     run = wait_for(
-        lambda: (r := runtime.store.get(started.run_id)).finished and r, 30, "run to finish"
+        lambda: (r := runtime.store.runs.get(started.run_id)).finished and r, 30, "run to finish"
     )
     return dict(run.as_dict())
 
@@ -143,7 +143,7 @@ def test_transient_failures_retry_then_succeed(runtime, celery_session_app):
     assert run["retries"] == 2
     assert memory.DELETE_CALLS["tasks"]["snap/0007"] == 3
     assert memory.DELETE_CALLS["tasks"]["snap/0008"] == 1
-    assert runtime.store.retry_codes(run["run_id"]) == {"SlowDown": 2}
+    assert runtime.store.runs.retry_codes(run["run_id"]) == {"SlowDown": 2}
 
 
 def test_exhausted_and_permanent_failures_are_dead_lettered(runtime, celery_session_app):

@@ -78,6 +78,24 @@ def _imports(path: Path, name: str) -> Iterator[str]:
                 # Every import loads the package itself first, so importing it is no edge.
                 if inner and inner in modules:
                     yield inner
+                    # ... and runs each parent package's __init__ on the way (one of
+                    # the importer's own parents has run already): an edge wherever
+                    # that __init__ imports something of the package itself.
+                    parts = inner.split(".")
+                    for depth in range(1, len(parts)):
+                        parent = ".".join(parts[:depth])
+                        own = name == parent or name.startswith(parent + ".")
+                        if not own and _runs_imports(modules[parent]):
+                            yield parent
+
+
+def _runs_imports(init: Path) -> bool:
+    """Whether a package's ``__init__`` imports any module of digest_cleanup."""
+    return init.name == "__init__.py" and "digest_cleanup" in "".join(
+        ast.unparse(node)
+        for node in ast.walk(ast.parse(init.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    )
 
 
 def _layer(name: str) -> int:
@@ -137,6 +155,12 @@ def test_the_checks_see_a_reach_up_and_a_cycle():
     assert "app" in GRAPH["tasks.base"]
     assert _layer("pipeline.sweep") < _layer("app")
     assert _layer("kinds.s3") < _layer("targets") < _layer("store.runs")
+    # Importing demo.servers runs demo/__init__ too: an edge while that file imports the
+    # demo, none while it imports nothing (as now)
+    assert _runs_imports(PACKAGE / "kinds" / "__init__.py")
+    assert "kinds" in GRAPH["audit.reports"]  # it imports only kinds.s3_client
+    assert not _runs_imports(PACKAGE / "demo" / "__init__.py")
+    assert "demo" not in GRAPH["testing.redis_server"]
 
 
 @pytest.mark.parametrize("module", sorted(GRAPH))

@@ -73,19 +73,21 @@ def epoch(iso: str) -> float:
 
 def open_run(runtime: Runtime, **fields: Any) -> None:
     base = {"target": "statements", "cutoff": CUTOFF, "batch_size": 500, "max_delete": 250000}
-    assert runtime.store.open(RUN, base | fields) == "created"
+    assert runtime.store.runs.open(RUN, base | fields) == "created"
 
 
 def record(runtime: Runtime, seq: int, **kw: Any) -> str:
     batch = f"{RUN}-b{seq:05d}"
     claim = kw.pop("claim", f"{batch}/g0/a0")
-    return runtime.store.record(RUN, "statements", BatchRecord(batch_id=batch, claim=claim, **kw))
+    return runtime.store.runs.record(
+        RUN, "statements", BatchRecord(batch_id=batch, claim=claim, **kw)
+    )
 
 
 def checkpoint(runtime: Runtime, seqs: list[int], *, done: bool, expired: int) -> None:
     cp = {"listed": expired, "expired": expired, "seq": max(seqs), "done": done}
-    lease = runtime.store.take_lease(RUN, 60) or _held_lease(runtime)
-    saved = runtime.store.save_checkpoint(
+    lease = runtime.store.sweeps.take_lease(RUN, 60) or _held_lease(runtime)
+    saved = runtime.store.sweeps.save_checkpoint(
         RUN, cp, {f"{RUN}-b{s:05d}": b"" for s in seqs}, lease=lease, lease_seconds=60
     )
     assert saved in ("saved", "finished")
@@ -98,7 +100,7 @@ def _held_lease(runtime: Runtime) -> str:
 def test_oldest_pending_age_rises_while_listing_then_follows_the_oldest_batch(runtime):
     # Given a run that is still listing
     open_run(runtime)
-    created = epoch(runtime.store.get(RUN)["created_at"].replace("Z", "+00:00"))
+    created = epoch(runtime.store.runs.get(RUN)["created_at"].replace("Z", "+00:00"))
 
     # Then its oldest pending item is as old as the run
     assert age(scrape(runtime, created + 120)) == pytest.approx(120)
@@ -107,7 +109,7 @@ def test_oldest_pending_age_rises_while_listing_then_follows_the_oldest_batch(ru
     checkpoint(runtime, [1], done=False, expired=500)
     time.sleep(0.05)
     checkpoint(runtime, [2], done=True, expired=1000)
-    (_, first), (_, second) = runtime.store.in_flight(RUN)
+    (_, first), (_, second) = runtime.store.runs.in_flight(RUN)
     assert first < second
 
     # Then the age is that of the oldest unfinished batch
@@ -141,7 +143,7 @@ def test_dry_runs_retries_and_streaming_runs_are_judged_as_ops_expect():
 def test_counts_status_and_progress_of_the_latest_run(runtime):
     # Given a finished run with deletes, a dead letter, a skip and a retried batch
     open_run(runtime)
-    runtime.store.update(RUN, expired_seen=1000)
+    runtime.store.runs.update(RUN, expired_seen=1000)
     checkpoint(runtime, [1, 2], done=True, expired=1000)
     first = {"deleted": 497, "dead_lettered": 2, "skipped": 1, "codes": {"AccessDenied": 2}}
     assert record(runtime, 1, **first) == "recorded"

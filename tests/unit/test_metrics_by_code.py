@@ -38,13 +38,13 @@ def runtime(redis_url: str, tmp_path: Path) -> Runtime:
 
 def _open(runtime: Runtime, run_id: str, target: str, **fields: Any) -> None:
     base = {"target": target, "cutoff": "2026-10-23T03:00:00+00:00", "batch_size": 500}
-    assert runtime.store.open(run_id, base | fields) == "created"
+    assert runtime.store.runs.open(run_id, base | fields) == "created"
 
 
 def _record(runtime: Runtime, run_id: str, target: str, seq: int, **kw: Any) -> None:
     batch = f"{run_id}-b{seq:05d}"
     rec = BatchRecord(batch_id=batch, claim=f"{batch}/g0/a0", terminal=False, **kw)
-    assert runtime.store.record(run_id, target, rec) == "recorded"
+    assert runtime.store.runs.record(run_id, target, rec) == "recorded"
 
 
 def test_failing_keys_are_exported_by_code_and_each_run_by_its_skip_allowance(runtime):

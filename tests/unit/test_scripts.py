@@ -101,6 +101,8 @@ def test_a_fragment_goes_in_once_however_often_it_is_included():
         ("-- KEYS: type\n-- ARGV:\n", "cannot name a Lua local"),
         ("-- KEYS: run\n-- ARGV:\n-- include: run_fail.lua\n", "only fragments"),
         ("-- KEYS: run\n-- ARGV:\n-- include: nowhere.lua\n", "no Lua file"),
+        # finish.lua defines ``local function finish``: it would shadow the argument
+        ("-- KEYS: run\n-- ARGV: finish\n-- include: finish.lua\n", "a name of its header"),
     ],
 )
 def test_a_header_or_include_that_cannot_work_is_refused(text, problem):

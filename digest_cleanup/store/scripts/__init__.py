@@ -50,6 +50,8 @@ RESERVED = frozenset({
 _NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
 _HEADER = re.compile(r"--\s*(KEYS|ARGV):(.*)")
 _INCLUDE = re.compile(r"--\s*include:\s*(\S+)\s*\Z")
+#: A local a fragment defines at its top level: ``local NAME`` or ``local function NAME``.
+_TOP_LEVEL_LOCAL = re.compile(r"^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)", re.M)
 
 
 class ScriptError(ValueError):
@@ -145,6 +147,13 @@ def build(name: str, text: str) -> Source:
     keys, args, rest = _names(name, header)
     order: list[str] = []
     body = _resolve(name, text, {name}, order)
+    # A fragment's top-level local sits after the header's names and would silently
+    # shadow one of them for the rest of the script.
+    every = {*keys, *args, *([f"{rest}_from"] if rest else [])}
+    for fragment in order:
+        clash = every & set(_TOP_LEVEL_LOCAL.findall(source_text(fragment)))
+        if clash:
+            raise ScriptError(f"{name}: {fragment} defines {sorted(clash)}, a name of its header")
     bindings = [
         f"local {', '.join(names)} = {', '.join(f'{table}[{i}]' for i in range(1, len(names) + 1))}"
         for table, names in (("KEYS", keys), ("ARGV", args))

@@ -12,7 +12,7 @@
 --   progress       the console's chart: "epoch deleted done", one an attempt
 --   chains         chains of attempts still open, by batch id (a hash)
 -- ARGV: claim attempt now now_epoch progress_samples
---   attempt           what the attempt came to, a JSON object (see RunStore.record)
+--   attempt           what the attempt came to, a JSON object (see RunRecords.record)
 --   now               ISO time; now_epoch the same in epoch seconds
 --   progress_samples  how many progress samples to keep
 -- include: finish.lua
