@@ -154,7 +154,7 @@ def test_a_missed_slot_runs_once_however_many_beats_start(
     assert sorted(r["action"] for r in results) == ["already_locked"] * 3 + ["created"]
     assert _sent(beat_a) == []
     assert _runs(redis_client, "weekly") == [expected]
-    run = RunStore(redis_client).get(expected)
+    run = RunStore(redis_client).runs.get(expected)
     assert run.fields["trigger"] == "beat-catch-up"
     assert run.fields["cutoff"] == (slot - timedelta(days=RETENTION_DAYS)).isoformat()
 

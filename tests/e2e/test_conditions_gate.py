@@ -52,7 +52,7 @@ def test_a_store_that_ignores_conditions_refuses_the_first_run_and_deletes_nothi
     assert proxy.probe_requests > 0
     assert proxy.delete_requests == 0
     assert list_keys(s3, bucket) == set(KEYS), "every key kept, and no probe object left"
-    assert RunStore(redis_client).probed_scope("statements") is None
+    assert RunStore(redis_client).targets.probed_scope("statements") is None
 
     # And when the store is honest again, the same run is probed anew, passes and runs
     proxy.strip_conditions = False
@@ -77,7 +77,7 @@ def test_the_first_run_probes_and_the_next_run_of_the_same_scope_does_not(
     assert code == 0, first
     assert (first["status"], first["deleted"]) == ("complete", len(KEYS)), first
     assert proxy.probe_requests > 0
-    assert RunStore(redis_client).probed_scope("statements") == first["scope"]
+    assert RunStore(redis_client).targets.probed_scope("statements") == first["scope"]
 
     # And when the next run of the same scope starts, with the store now stripping
     # conditions (a probe would refuse the run), it sends no probe and runs
